@@ -1,0 +1,363 @@
+//! The guard: runs a handler at most once per key (DESIGN.md §3).
+
+mod error;
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::FutureExt;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub use self::error::{Disposition, GuardError};
+use crate::{Begin, Claim, Fenced, FencingToken, Fingerprint, Key, Lease, Store};
+
+/// Runs handlers under a claim, so that however often a key is delivered its
+/// handler's effect happens once and every duplicate gets the first outcome.
+///
+/// ```
+/// use idem_core::{Guard, Key, Lease, MemoryStore};
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let guard = Guard::new(MemoryStore::new()).lease(Lease::from_secs(30));
+/// let key = Key::new("payments", "charge-42")?;
+/// for _delivery in 0..3 {
+///     let receipt: String = guard
+///         .run(&key, None, |_claim| async { Ok::<_, std::io::Error>("charged 10 EUR".to_string()) })
+///         .await?;
+///     assert_eq!(receipt, "charged 10 EUR"); // the charge ran once
+/// }
+/// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+/// ```
+///
+/// Steps:
+/// 1. `begin`. `Completed` returns the stored outcome without running
+///    anything; `InProgress` and `Mismatch` return errors.
+/// 2. `Acquired` runs the handler. A watchdog extends the lease every third
+///    of its length; if the lease is lost the handler's [`ClaimHandle`] says
+///    so.
+/// 3. `Ok(v)` stores `v` (as JSON) and returns it. `Err`, a panic, or the
+///    future being dropped releases the claim so that a redelivery runs again
+///    (after the compensation step, if one is given).
+/// 4. A store that cannot be reached fails the call (fail closed), unless
+///    [`fail_open`](Guard::fail_open) is set: then the handler runs unguarded
+///    and `idem_guard_fail_open_total` counts it.
+///
+/// What no guard can fix: a handler with several external steps that crashes
+/// between them runs the early steps again on redelivery. Use the fencing
+/// token at the sink, idempotent downstream calls, or keep the claim and the
+/// business write in one transaction.
+#[derive(Clone, Debug)]
+pub struct Guard<S> {
+    store: S,
+    lease: Lease,
+    retention: Duration,
+    fail_open: bool,
+}
+
+/// The handler's view of its claim.
+#[derive(Clone, Debug)]
+pub struct ClaimHandle {
+    token: Option<FencingToken>,
+    attempt: u32,
+    lost: CancellationToken,
+}
+
+impl ClaimHandle {
+    /// The fencing token, to hand to a sink that checks it. `None` only when
+    /// the guard runs the handler unguarded (fail open, store unreachable).
+    pub fn token(&self) -> Option<FencingToken> {
+        self.token
+    }
+
+    /// 1 on a first acquisition, more after takeovers of expired leases.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// Whether the lease has been lost (a renewal was refused, or none
+    /// succeeded for a whole lease).
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
+    /// Completes when the lease is lost: `select!` on it to stop early.
+    pub async fn lost(&self) {
+        self.lost.cancelled().await;
+    }
+}
+
+/// Why the compensation step runs.
+#[derive(Debug)]
+pub enum Failure<'a, E> {
+    /// The handler returned this error.
+    Error(&'a E),
+    /// The handler panicked.
+    Panicked,
+}
+
+impl<S: Store + Clone> Guard<S> {
+    /// A guard with a 30 s lease, 24 h retention, failing closed.
+    pub fn new(store: S) -> Self {
+        Self {
+            store,
+            lease: Lease::from_secs(30),
+            retention: Duration::from_secs(24 * 3600),
+            fail_open: false,
+        }
+    }
+
+    /// The lease each claim takes (renewed while the handler runs).
+    pub fn lease(mut self, lease: Lease) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long completed outcomes are kept.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Whether to run handlers unguarded when the store cannot be reached.
+    pub fn fail_open(mut self, yes: bool) -> Self {
+        self.fail_open = yes;
+        self
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Runs `handler` once for `key`; see [`Guard`].
+    pub async fn run<T, E, F, Fut>(
+        &self,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        handler: F,
+    ) -> Result<T, GuardError<E>>
+    where
+        F: FnOnce(ClaimHandle) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+    {
+        self.run_compensated(key, fingerprint, handler, |_| async {})
+            .await
+    }
+
+    /// Like [`run`](Guard::run), and when the handler fails or panics, runs
+    /// `compensate` (to undo partial work) before the claim is released.
+    pub async fn run_compensated<T, E, F, Fut, C, CFut>(
+        &self,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        handler: F,
+        compensate: C,
+    ) -> Result<T, GuardError<E>>
+    where
+        F: FnOnce(ClaimHandle) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        C: FnOnce(Failure<'_, E>) -> CFut,
+        CFut: Future<Output = ()>,
+    {
+        let begun = match self.store.begin(key, fingerprint, self.lease).await {
+            Ok(b) => b,
+            Err(e) if self.fail_open && e.is_transient() => {
+                metrics::counter!("idem_guard_fail_open_total").increment(1);
+                tracing::warn!(%key, error = %e, "store unreachable; running unguarded (fail open)");
+                let handle = ClaimHandle {
+                    token: None,
+                    attempt: 1,
+                    lost: CancellationToken::new(),
+                };
+                return handler(handle).await.map_err(GuardError::Handler);
+            }
+            Err(e) => return Err(GuardError::from_store(e)),
+        };
+        match begun {
+            Begin::Completed { outcome, .. } => decode(outcome.as_deref()),
+            Begin::InProgress { retry_after } => Err(GuardError::InProgress { retry_after }),
+            Begin::Mismatch => Err(GuardError::Mismatch),
+            Begin::Acquired(claim) => self.hold(key, claim, handler, compensate).await,
+        }
+    }
+
+    async fn hold<T, E, F, Fut, C, CFut>(
+        &self,
+        key: &Key,
+        claim: Claim,
+        handler: F,
+        compensate: C,
+    ) -> Result<T, GuardError<E>>
+    where
+        F: FnOnce(ClaimHandle) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        C: FnOnce(Failure<'_, E>) -> CFut,
+        CFut: Future<Output = ()>,
+    {
+        let mut held = ReleaseOnDrop {
+            store: self.store.clone(),
+            key: key.clone(),
+            token: Some(claim.token),
+        };
+        let lost = CancellationToken::new();
+        let handle = ClaimHandle {
+            token: Some(claim.token),
+            attempt: claim.attempt,
+            lost: lost.clone(),
+        };
+        let work = AssertUnwindSafe(handler(handle)).catch_unwind();
+        let watchdog = self.watchdog(key, claim.token, &lost);
+        let result = {
+            tokio::pin!(work, watchdog);
+            tokio::select! {
+                biased;
+                r = &mut work => r,
+                () = &mut watchdog => work.await,
+            }
+        };
+        match result {
+            Ok(Ok(value)) => {
+                let stored = self.store_outcome(key, claim.token, &value).await;
+                match stored {
+                    Ok(Fenced::Ok(())) => {
+                        held.disarm();
+                        Ok(value)
+                    }
+                    Ok(Fenced::Stale) => {
+                        held.disarm();
+                        Err(GuardError::LeaseLost)
+                    }
+                    // Refused outcome: release so the key is not stuck.
+                    Err(e @ (GuardError::Invalid(_) | GuardError::Outcome(_))) => {
+                        held.release().await;
+                        Err(e)
+                    }
+                    // The store failed: the claim expires by itself.
+                    Err(e) => {
+                        held.disarm();
+                        Err(e)
+                    }
+                }
+            }
+            Ok(Err(e)) => {
+                compensate(Failure::Error(&e)).await;
+                held.release().await;
+                Err(GuardError::Handler(e))
+            }
+            Err(panic) => {
+                compensate(Failure::Panicked).await;
+                held.release().await;
+                std::panic::resume_unwind(panic)
+            }
+        }
+    }
+
+    async fn store_outcome<T: Serialize, E>(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        value: &T,
+    ) -> Result<Fenced, GuardError<E>> {
+        let outcome = Bytes::from(serde_json::to_vec(value).map_err(GuardError::Outcome)?);
+        self.store
+            .limits()
+            .check_outcome(Some(&outcome))
+            .map_err(GuardError::Invalid)?;
+        let mut backoff = Duration::from_millis(10);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self
+                .store
+                .complete(key, token, Some(outcome.clone()), self.retention)
+                .await
+            {
+                Err(e) if e.is_transient() && tries < 3 => {
+                    tracing::warn!(%key, error = %e, "storing the outcome failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff *= 4;
+                }
+                r => return r.map_err(GuardError::from_store),
+            }
+        }
+    }
+
+    /// Extends the lease every third of its length until it is refused or no
+    /// extension has succeeded for a whole lease; then cancels `lost`.
+    async fn watchdog(&self, key: &Key, token: FencingToken, lost: &CancellationToken) {
+        let lease = self.lease.duration();
+        let period = (lease / 3).max(Duration::from_millis(1));
+        let mut last_ok = Instant::now();
+        loop {
+            tokio::time::sleep(period).await;
+            match self.store.extend(key, token, self.lease).await {
+                Ok(Fenced::Ok(_)) => last_ok = Instant::now(),
+                Ok(Fenced::Stale) => break,
+                Err(e) => {
+                    tracing::warn!(%key, error = %e, "lease renewal failed");
+                    if last_ok.elapsed() >= lease {
+                        break;
+                    }
+                }
+            }
+        }
+        metrics::counter!("idem_guard_lease_lost_total").increment(1);
+        tracing::warn!(%key, %token, "lease lost while the handler runs");
+        lost.cancel();
+    }
+}
+
+fn decode<T: DeserializeOwned, E>(outcome: Option<&[u8]>) -> Result<T, GuardError<E>> {
+    serde_json::from_slice(outcome.unwrap_or(b"null")).map_err(GuardError::Outcome)
+}
+
+/// Releases the claim unless disarmed: when the handler fails, and when the
+/// guard's future is dropped mid-run (the release is then spawned).
+struct ReleaseOnDrop<S: Store + Clone> {
+    store: S,
+    key: Key,
+    token: Option<FencingToken>,
+}
+
+impl<S: Store + Clone> ReleaseOnDrop<S> {
+    fn disarm(&mut self) {
+        self.token = None;
+    }
+
+    async fn release(&mut self) {
+        if let Some(token) = self.token.take()
+            && let Err(e) = self.store.release(&self.key, token).await
+        {
+            tracing::warn!(key = %self.key, error = %e, "release failed; the claim will expire");
+        }
+    }
+}
+
+impl<S: Store + Clone> Drop for ReleaseOnDrop<S> {
+    fn drop(&mut self) {
+        let Some(token) = self.token.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let store = self.store.clone();
+                let key = self.key.clone();
+                runtime.spawn(async move {
+                    if let Err(e) = store.release(&key, token).await {
+                        tracing::warn!(%key, error = %e, "release failed; the claim will expire");
+                    }
+                });
+            }
+            Err(_) => {
+                tracing::warn!(key = %self.key, "dropped outside a runtime; the claim will expire")
+            }
+        }
+    }
+}

@@ -1,0 +1,500 @@
+//! The in-memory store: sharded, concurrent, for tests, single-process
+//! services and as the hot tier in front of a durable store.
+
+mod shard;
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::thread::Thread;
+use std::time::Duration;
+
+use bytes::Bytes;
+use foldhash::fast::RandomState;
+use parking_lot::Mutex;
+
+use self::shard::{Shard, Slot, hash_key};
+use crate::machine::{self, Current, Decision};
+use crate::{
+    Begin, BeginItem, Claim, Clock, CompleteItem, Entry, Fenced, FencingToken, Fingerprint, Key,
+    Lease, Limits, Record, ScanQuery, Store, StoreError, SystemClock, Timestamp,
+};
+
+/// How long an `in_progress` record whose lease ran out is kept, so that a
+/// takeover still counts its attempts. After that the key is forgotten.
+pub const DEFAULT_ABANDONED_RETENTION: Duration = Duration::from_secs(3600);
+
+/// Records kept in memory, lost when the process ends.
+///
+/// Sharded by key hash, each shard under its own lock; a background thread
+/// removes expired records. It never drops a live record to save memory: with
+/// a [capacity](MemoryStoreBuilder::capacity), a `begin` that would need a new
+/// record beyond it fails with [`StoreError::CapacityExceeded`].
+///
+/// ```
+/// use idem_core::{Begin, Key, Lease, MemoryStore, Store};
+/// use std::time::Duration;
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let store = MemoryStore::new();
+/// let key = Key::new("orders", "o-1")?;
+/// let Begin::Acquired(claim) = store.begin(&key, None, Lease::from_secs(30)).await? else {
+///     unreachable!()
+/// };
+/// // ... do the work ...
+/// let done = store.complete(&key, claim.token, Some("ok".into()), Duration::from_secs(3600)).await?;
+/// assert!(!done.is_stale());
+/// assert!(matches!(store.begin(&key, None, Lease::from_secs(30)).await?, Begin::Completed { .. }));
+/// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    clock: Arc<dyn Clock>,
+    limits: Limits,
+    next_token: AtomicU64,
+    capacity: Option<usize>,
+    /// Counted only when a capacity is set.
+    len: AtomicUsize,
+    abandoned_retention: Duration,
+    sweeper: OnceLock<Thread>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(t) = self.sweeper.get() {
+            t.unpark();
+        }
+    }
+}
+
+/// Builds a [`MemoryStore`].
+#[derive(Debug)]
+pub struct MemoryStoreBuilder {
+    clock: Arc<dyn Clock>,
+    limits: Limits,
+    capacity: Option<usize>,
+    shards: usize,
+    sweep_interval: Option<Duration>,
+    abandoned_retention: Duration,
+}
+
+impl MemoryStoreBuilder {
+    /// The clock leases and retention are measured on (default: system).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// The limits to enforce.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The most records to hold (default: unbounded).
+    pub fn capacity(mut self, records: usize) -> Self {
+        self.capacity = Some(records);
+        self
+    }
+
+    /// How many shards (rounded up to a power of two; default 64).
+    pub fn shards(mut self, n: usize) -> Self {
+        self.shards = n.max(1).next_power_of_two();
+        self
+    }
+
+    /// How often the background sweeper removes expired records (default
+    /// 1 s); `None` runs none: call [`MemoryStore::sweep`] yourself.
+    pub fn sweep_interval(mut self, every: Option<Duration>) -> Self {
+        self.sweep_interval = every;
+        self
+    }
+
+    /// How long an `in_progress` record whose lease ran out is kept (default
+    /// [`DEFAULT_ABANDONED_RETENTION`]).
+    pub fn abandoned_retention(mut self, d: Duration) -> Self {
+        self.abandoned_retention = d;
+        self
+    }
+
+    /// The store.
+    pub fn build(self) -> MemoryStore {
+        let inner = Arc::new(Inner {
+            shards: (0..self.shards).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::default(),
+            clock: self.clock,
+            limits: self.limits,
+            next_token: AtomicU64::new(1),
+            capacity: self.capacity,
+            len: AtomicUsize::new(0),
+            abandoned_retention: self.abandoned_retention,
+            sweeper: OnceLock::new(),
+        });
+        if let Some(every) = self.sweep_interval {
+            let weak = Arc::downgrade(&inner);
+            let handle = std::thread::Builder::new()
+                .name("idem-memory-sweeper".into())
+                .spawn(move || sweep_until_dropped(&weak, every))
+                .expect("spawning the sweeper thread");
+            let _ = inner.sweeper.set(handle.thread().clone());
+        }
+        MemoryStore { inner }
+    }
+}
+
+fn sweep_until_dropped(store: &Weak<Inner>, every: Duration) {
+    loop {
+        std::thread::park_timeout(every);
+        match store.upgrade() {
+            Some(inner) => {
+                inner.sweep();
+            }
+            None => return,
+        }
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store on the system clock with default limits, no capacity limit and
+    /// a sweeper every second.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// Configures a store.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder {
+            clock: Arc::new(SystemClock),
+            limits: Limits::default(),
+            capacity: None,
+            shards: 64,
+            sweep_interval: Some(Duration::from_secs(1)),
+            abandoned_retention: DEFAULT_ABANDONED_RETENTION,
+        }
+    }
+
+    /// Removes expired records now; returns how many.
+    pub fn sweep(&self) -> usize {
+        self.inner.sweep()
+    }
+
+    /// How many records are held, expired ones not yet swept included.
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    /// Whether no record is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Inner {
+    fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    fn shard(&self, hash: u64) -> &Mutex<Shard> {
+        // Middle bits: the table itself uses the low and the top 7 bits.
+        &self.shards[(hash >> 32) as usize & (self.shards.len() - 1)]
+    }
+
+    fn is_dead(&self, slot: &Slot, now: Timestamp) -> bool {
+        if slot.completed {
+            slot.deadline <= now
+        } else {
+            slot.deadline.after(self.abandoned_retention) <= now
+        }
+    }
+
+    fn sweep(&self) -> usize {
+        let now = self.now();
+        let removed: usize = self
+            .shards
+            .iter()
+            .map(|s| {
+                s.lock()
+                    .remove_where(&self.hasher, |slot| self.is_dead(slot, now))
+            })
+            .sum();
+        if self.capacity.is_some() {
+            self.len.fetch_sub(removed, Ordering::Relaxed);
+        }
+        removed
+    }
+
+    fn take_room(&self, shard: &mut Shard, now: Timestamp) -> Result<(), StoreError> {
+        let Some(limit) = self.capacity else {
+            return Ok(());
+        };
+        if self.len.fetch_add(1, Ordering::Relaxed) < limit {
+            return Ok(());
+        }
+        // Full: make room from this shard's dead records before refusing.
+        let freed = shard.remove_where(&self.hasher, |slot| self.is_dead(slot, now));
+        self.len.fetch_sub(freed + 1, Ordering::Relaxed);
+        if freed > 0 {
+            self.len.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        Err(StoreError::CapacityExceeded { limit })
+    }
+
+    fn begin(
+        &self,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        lease: Lease,
+    ) -> Result<Begin, StoreError> {
+        self.limits.check_begin(key, lease)?;
+        let hash = hash_key(&self.hasher, key);
+        let mut shard = self.shard(hash).lock();
+        let now = self.now();
+        let found = shard.find(hash, key);
+        let current = match found.map(|i| shard.slot(i)) {
+            None => Current::Absent,
+            Some(s) if s.completed && s.deadline <= now => Current::Absent,
+            Some(s) if s.completed => Current::Completed {
+                fingerprint: s.fingerprint,
+            },
+            Some(s) => Current::InProgress {
+                fingerprint: s.fingerprint,
+                lease_expires_at: s.deadline,
+                attempts: s.attempts,
+            },
+        };
+        match machine::decide_begin(current, fingerprint, now) {
+            Decision::Acquire { attempt } => {
+                let token = self.next_token.fetch_add(1, Ordering::Relaxed);
+                let lease_expires_at = now.after(lease.duration());
+                match found {
+                    Some(i) => {
+                        let slot = shard.slot_mut(i);
+                        slot.outcome = None;
+                        slot.token = token;
+                        slot.deadline = lease_expires_at;
+                        slot.since = now;
+                        slot.attempts = attempt;
+                        slot.fingerprint = fingerprint;
+                        slot.completed = false;
+                    }
+                    None => {
+                        self.take_room(&mut shard, now)?;
+                        let slot = Slot {
+                            key: key.encode().into_boxed_slice(),
+                            outcome: None,
+                            token,
+                            deadline: lease_expires_at,
+                            since: now,
+                            attempts: attempt,
+                            fingerprint,
+                            completed: false,
+                        };
+                        shard.insert(hash, slot, &self.hasher);
+                    }
+                }
+                Ok(Begin::Acquired(Claim {
+                    token: FencingToken::new(token),
+                    lease_expires_at,
+                    attempt,
+                }))
+            }
+            Decision::Wait { retry_after } => Ok(Begin::InProgress { retry_after }),
+            Decision::Mismatch => Ok(Begin::Mismatch),
+            Decision::Replay => {
+                let slot = shard.slot(found.expect("a completed record was found"));
+                Ok(Begin::Completed {
+                    outcome: slot.outcome.as_deref().map(Bytes::copy_from_slice),
+                    completed_at: slot.since,
+                })
+            }
+        }
+    }
+
+    /// Runs `op` on the slot `token` owns, or answers `Stale`.
+    fn with_owned<T>(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        op: impl FnOnce(&mut Shard, usize, Timestamp) -> T,
+    ) -> Fenced<T> {
+        let hash = hash_key(&self.hasher, key);
+        let mut shard = self.shard(hash).lock();
+        let now = self.now();
+        match shard.find(hash, key) {
+            Some(i)
+                if !shard.slot(i).completed && {
+                    let s = shard.slot(i);
+                    machine::owns(s.token, token.get(), s.deadline, now)
+                } =>
+            {
+                Fenced::Ok(op(&mut shard, i, now))
+            }
+            _ => Fenced::Stale,
+        }
+    }
+
+    fn complete(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        outcome: Option<Bytes>,
+        retention: Duration,
+    ) -> Result<Fenced, StoreError> {
+        self.limits
+            .check_complete(key, outcome.as_ref(), retention)?;
+        Ok(self.with_owned(key, token, |shard, i, now| {
+            let slot = shard.slot_mut(i);
+            slot.completed = true;
+            slot.outcome = outcome.map(|b| Box::from(&b[..]));
+            slot.since = now;
+            slot.deadline = now.after(retention);
+        }))
+    }
+
+    fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
+        self.limits.check_key(key)?;
+        let released = self.with_owned(key, token, |shard, i, _| {
+            shard.remove(i, &self.hasher);
+        });
+        if !released.is_stale() && self.capacity.is_some() {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+        Ok(released)
+    }
+
+    fn extend(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        lease: Lease,
+    ) -> Result<Fenced<Timestamp>, StoreError> {
+        self.limits.check_begin(key, lease)?;
+        Ok(self.with_owned(key, token, |shard, i, now| {
+            let slot = shard.slot_mut(i);
+            slot.deadline = now.after(lease.duration());
+            slot.deadline
+        }))
+    }
+
+    fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.limits.check_key(key)?;
+        let hash = hash_key(&self.hasher, key);
+        let shard = self.shard(hash).lock();
+        let now = self.now();
+        Ok(shard
+            .find(hash, key)
+            .map(|i| shard.slot(i))
+            .filter(|s| !(s.completed && s.deadline <= now))
+            .map(Slot::record))
+    }
+
+    fn scan(&self, query: &ScanQuery) -> Result<Vec<Entry>, StoreError> {
+        let prefix = Key::encode_namespace(&query.namespace);
+        let after = query.after.as_ref().map(|a| {
+            let mut k = prefix.clone();
+            k.extend_from_slice(a);
+            k
+        });
+        let now = self.now();
+        let mut found: Vec<(Box<[u8]>, Record)> = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = shard.lock();
+            for slot in shard.slots() {
+                let live = !(slot.completed && slot.deadline <= now);
+                let in_range = slot.key.starts_with(&prefix)
+                    && after.as_deref().is_none_or(|a| &slot.key[..] > a);
+                if live && in_range {
+                    let record = slot.record();
+                    if query.admits(&record) {
+                        found.push((slot.key.clone(), record));
+                    }
+                }
+            }
+        }
+        found.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        found.truncate(query.limit);
+        found
+            .into_iter()
+            .map(|(k, record)| {
+                let key = Key::decode(&k).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                Ok(Entry { key, record })
+            })
+            .collect()
+    }
+}
+
+impl Store for MemoryStore {
+    async fn begin(
+        &self,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        lease: Lease,
+    ) -> Result<Begin, StoreError> {
+        self.inner.begin(key, fingerprint, lease)
+    }
+
+    async fn complete(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        outcome: Option<Bytes>,
+        retention: Duration,
+    ) -> Result<Fenced, StoreError> {
+        self.inner.complete(key, token, outcome, retention)
+    }
+
+    async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
+        self.inner.release(key, token)
+    }
+
+    async fn extend(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        lease: Lease,
+    ) -> Result<Fenced<Timestamp>, StoreError> {
+        self.inner.extend(key, token, lease)
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.inner.get(key)
+    }
+
+    async fn begin_many(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
+        self.inner.limits.check_begin_items(items)?;
+        items
+            .iter()
+            .map(|i| self.inner.begin(&i.key, i.fingerprint, i.lease))
+            .collect()
+    }
+
+    async fn complete_many(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {
+        self.inner.limits.check_complete_items(items)?;
+        items
+            .iter()
+            .map(|i| {
+                self.inner
+                    .complete(&i.key, i.token, i.outcome.clone(), i.retention)
+            })
+            .collect()
+    }
+
+    async fn scan(&self, query: &ScanQuery) -> Result<Vec<Entry>, StoreError> {
+        self.inner.scan(query)
+    }
+
+    fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+}

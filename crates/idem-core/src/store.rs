@@ -1,0 +1,263 @@
+//! The store contract (DESIGN.md §2).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+
+use crate::{
+    Begin, BeginItem, CompleteItem, Entry, Fenced, FencingToken, Fingerprint, Key, Lease, Limits,
+    Record, ScanQuery, StoreError, Timestamp,
+};
+
+/// Where idempotency records live.
+///
+/// Every operation is atomic and linearizable per key. Every store checks its
+/// [`Limits`] first, so refused input changes nothing, and runs the
+/// conformance kit (`idem-testkit`) unchanged.
+///
+/// Stores are cheap to clone (a handle to shared state), so a guard or an
+/// adapter can keep one per task.
+pub trait Store: Send + Sync + 'static {
+    /// Claims `key`: `Acquired` when absent, expired, or in progress with an
+    /// expired lease (a takeover: new token, `attempts + 1`); `InProgress`
+    /// while another holder's lease is live; `Completed` with the stored
+    /// outcome; `Mismatch` when a live record has a different fingerprint.
+    fn begin(
+        &self,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        lease: Lease,
+    ) -> impl Future<Output = Result<Begin, StoreError>> + Send;
+
+    /// Stores the outcome and keeps the record for `retention`, if `token`
+    /// owns the key; otherwise `Stale` and nothing changes.
+    fn complete(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        outcome: Option<Bytes>,
+        retention: Duration,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+
+    /// Deletes the record if `token` owns it, so that a redelivery runs again;
+    /// otherwise `Stale`. The key's token counter is kept.
+    fn release(
+        &self,
+        key: &Key,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+
+    /// Pushes the lease out to `lease` from now if `token` owns the key, and
+    /// returns the new expiry; otherwise `Stale`.
+    fn extend(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        lease: Lease,
+    ) -> impl Future<Output = Result<Fenced<Timestamp>, StoreError>> + Send;
+
+    /// The record, for inspection. Expired completed records are absent.
+    fn get(&self, key: &Key) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+
+    /// `begin` for each item in one round trip; answers in order, as if the
+    /// items had been begun one after another.
+    fn begin_many(
+        &self,
+        items: &[BeginItem],
+    ) -> impl Future<Output = Result<Vec<Begin>, StoreError>> + Send;
+
+    /// `complete` for each item in one round trip; answers in order.
+    fn complete_many(
+        &self,
+        items: &[CompleteItem],
+    ) -> impl Future<Output = Result<Vec<Fenced>, StoreError>> + Send;
+
+    /// Lists records of one namespace in key order, for operations: e.g.
+    /// `in_progress` records older than an hour are stuck work.
+    fn scan(
+        &self,
+        query: &ScanQuery,
+    ) -> impl Future<Output = Result<Vec<Entry>, StoreError>> + Send;
+
+    /// The limits this store enforces.
+    fn limits(&self) -> &Limits;
+}
+
+/// [`Store`] with boxed futures, for choosing a store at run time:
+/// `Arc<dyn DynStore>` is itself a `Store`.
+#[allow(missing_docs)]
+pub trait DynStore: Send + Sync + 'static {
+    fn begin<'a>(
+        &'a self,
+        key: &'a Key,
+        fingerprint: Option<Fingerprint>,
+        lease: Lease,
+    ) -> BoxFuture<'a, Result<Begin, StoreError>>;
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: FencingToken,
+        outcome: Option<Bytes>,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>>;
+    fn release<'a>(
+        &'a self,
+        key: &'a Key,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>>;
+    fn extend<'a>(
+        &'a self,
+        key: &'a Key,
+        token: FencingToken,
+        lease: Lease,
+    ) -> BoxFuture<'a, Result<Fenced<Timestamp>, StoreError>>;
+    fn get<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<Record>, StoreError>>;
+    fn begin_many<'a>(
+        &'a self,
+        items: &'a [BeginItem],
+    ) -> BoxFuture<'a, Result<Vec<Begin>, StoreError>>;
+    fn complete_many<'a>(
+        &'a self,
+        items: &'a [CompleteItem],
+    ) -> BoxFuture<'a, Result<Vec<Fenced>, StoreError>>;
+    fn scan<'a>(&'a self, query: &'a ScanQuery) -> BoxFuture<'a, Result<Vec<Entry>, StoreError>>;
+    fn limits(&self) -> &Limits;
+}
+
+impl<S: Store> DynStore for S {
+    fn begin<'a>(
+        &'a self,
+        key: &'a Key,
+        fingerprint: Option<Fingerprint>,
+        lease: Lease,
+    ) -> BoxFuture<'a, Result<Begin, StoreError>> {
+        Box::pin(Store::begin(self, key, fingerprint, lease))
+    }
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: FencingToken,
+        outcome: Option<Bytes>,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(Store::complete(self, key, token, outcome, retention))
+    }
+    fn release<'a>(
+        &'a self,
+        key: &'a Key,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(Store::release(self, key, token))
+    }
+    fn extend<'a>(
+        &'a self,
+        key: &'a Key,
+        token: FencingToken,
+        lease: Lease,
+    ) -> BoxFuture<'a, Result<Fenced<Timestamp>, StoreError>> {
+        Box::pin(Store::extend(self, key, token, lease))
+    }
+    fn get<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(Store::get(self, key))
+    }
+    fn begin_many<'a>(
+        &'a self,
+        items: &'a [BeginItem],
+    ) -> BoxFuture<'a, Result<Vec<Begin>, StoreError>> {
+        Box::pin(Store::begin_many(self, items))
+    }
+    fn complete_many<'a>(
+        &'a self,
+        items: &'a [CompleteItem],
+    ) -> BoxFuture<'a, Result<Vec<Fenced>, StoreError>> {
+        Box::pin(Store::complete_many(self, items))
+    }
+    fn scan<'a>(&'a self, query: &'a ScanQuery) -> BoxFuture<'a, Result<Vec<Entry>, StoreError>> {
+        Box::pin(Store::scan(self, query))
+    }
+    fn limits(&self) -> &Limits {
+        Store::limits(self)
+    }
+}
+
+/// Forwards every operation to the shared store.
+macro_rules! forward_store {
+    ($inner:ident => $($target:tt)*) => {
+        fn begin(
+            &self,
+            key: &Key,
+            fingerprint: Option<Fingerprint>,
+            lease: Lease,
+        ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
+            let $inner = &**self;
+            async move { $($target)*::begin($inner, key, fingerprint, lease).await }
+        }
+        fn complete(
+            &self,
+            key: &Key,
+            token: FencingToken,
+            outcome: Option<Bytes>,
+            retention: Duration,
+        ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
+            let $inner = &**self;
+            async move { $($target)*::complete($inner, key, token, outcome, retention).await }
+        }
+        fn release(
+            &self,
+            key: &Key,
+            token: FencingToken,
+        ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
+            let $inner = &**self;
+            async move { $($target)*::release($inner, key, token).await }
+        }
+        fn extend(
+            &self,
+            key: &Key,
+            token: FencingToken,
+            lease: Lease,
+        ) -> impl Future<Output = Result<Fenced<Timestamp>, StoreError>> + Send {
+            let $inner = &**self;
+            async move { $($target)*::extend($inner, key, token, lease).await }
+        }
+        fn get(&self, key: &Key) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
+            let $inner = &**self;
+            async move { $($target)*::get($inner, key).await }
+        }
+        fn begin_many(
+            &self,
+            items: &[BeginItem],
+        ) -> impl Future<Output = Result<Vec<Begin>, StoreError>> + Send {
+            let $inner = &**self;
+            async move { $($target)*::begin_many($inner, items).await }
+        }
+        fn complete_many(
+            &self,
+            items: &[CompleteItem],
+        ) -> impl Future<Output = Result<Vec<Fenced>, StoreError>> + Send {
+            let $inner = &**self;
+            async move { $($target)*::complete_many($inner, items).await }
+        }
+        fn scan(
+            &self,
+            query: &ScanQuery,
+        ) -> impl Future<Output = Result<Vec<Entry>, StoreError>> + Send {
+            let $inner = &**self;
+            async move { $($target)*::scan($inner, query).await }
+        }
+        fn limits(&self) -> &Limits {
+            let $inner = &**self;
+            $($target)*::limits($inner)
+        }
+    };
+}
+
+impl Store for Arc<dyn DynStore> {
+    forward_store!(s => <dyn DynStore + 'static as DynStore>);
+}
+
+impl<S: Store> Store for Arc<S> {
+    forward_store!(s => S);
+}

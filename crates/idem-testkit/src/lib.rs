@@ -1,0 +1,142 @@
+//! The conformance kit: one suite every idem store runs unchanged.
+//!
+//! A store crate states how to make a fresh store and how time moves for it,
+//! and [`conformance_tests!`] writes one test per guarantee:
+//!
+//! ```ignore
+//! idem_testkit::conformance_tests!(async {
+//!     let clock = idem_core::ManualClock::new();
+//!     let store = idem_core::MemoryStore::builder().clock(clock.clone()).build();
+//!     idem_testkit::Subject::new(store, idem_testkit::TimeControl::Manual(clock))
+//! });
+//! ```
+//!
+//! Stores that keep time in a server (Redis `TIME`, SQL `now()`) pass
+//! [`TimeControl::Real`]: the suite then sleeps where it would advance a
+//! manual clock, with every duration scaled to a short unit.
+#![deny(missing_docs)]
+
+pub mod cases;
+pub mod model;
+
+use std::time::Duration;
+
+use idem_core::{Clock, Key, ManualClock, Store};
+
+/// How the suite makes time pass for the store under test.
+#[derive(Clone, Debug)]
+pub enum TimeControl {
+    /// The store reads this clock: time moves only when the suite says so.
+    Manual(ManualClock),
+    /// The store keeps real time: the suite sleeps, `unit` per step.
+    Real {
+        /// The length of one step of time in the suite.
+        unit: Duration,
+    },
+}
+
+/// A store under test and the control of its time.
+#[derive(Clone, Debug)]
+pub struct Subject<S> {
+    /// The store.
+    pub store: S,
+    /// How its time moves.
+    pub time: TimeControl,
+    run: u64,
+}
+
+impl<S: Store + Clone> Subject<S> {
+    /// A subject. Each case uses keys of its own, so one store may serve many.
+    pub fn new(store: S, time: TimeControl) -> Self {
+        Self {
+            store,
+            time,
+            run: std::process::id() as u64 * 1_000_000_000
+                + std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .subsec_nanos() as u64,
+        }
+    }
+
+    /// `n` steps of time: 1 s each on a manual clock, `unit` each in real time.
+    pub fn steps(&self, n: u32) -> Duration {
+        match &self.time {
+            TimeControl::Manual(_) => Duration::from_secs(1) * n,
+            TimeControl::Real { unit } => *unit * n,
+        }
+    }
+
+    /// Lets `n` steps of time pass.
+    pub async fn pass(&self, n: u32) {
+        let d = self.steps(n);
+        match &self.time {
+            TimeControl::Manual(clock) => clock.advance(d),
+            TimeControl::Real { .. } => tokio::time::sleep(d).await,
+        }
+    }
+
+    /// Whether times the store reports can be predicted exactly.
+    pub fn exact_time(&self) -> bool {
+        matches!(self.time, TimeControl::Manual(_))
+    }
+
+    /// The manual clock's time, if there is one.
+    pub fn now(&self) -> Option<idem_core::Timestamp> {
+        match &self.time {
+            TimeControl::Manual(clock) => Some(clock.now()),
+            TimeControl::Real { .. } => None,
+        }
+    }
+
+    /// A key no other case or run uses, in namespace `conformance`.
+    pub fn key(&self, case: &str) -> Key {
+        Key::new("conformance", format!("{case}-{}", self.run)).expect("a valid key")
+    }
+}
+
+/// Writes one `#[tokio::test]` per conformance case. The argument is an
+/// expression giving a future of a [`Subject`]; it is evaluated afresh in
+/// each test. The calling crate needs `tokio` with the `macros` and
+/// `rt-multi-thread` features as a dev-dependency.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($subject:expr) => {
+        $crate::conformance_tests!(@cases $subject;
+            begin_on_absent_key_acquires,
+            begin_while_lease_is_live_reports_in_progress,
+            begin_after_complete_replays_the_outcome,
+            begin_after_lease_expiry_takes_over,
+            other_fingerprint_is_a_mismatch,
+            missing_fingerprint_never_mismatches,
+            stale_token_cannot_complete,
+            stale_token_cannot_release,
+            stale_token_cannot_extend,
+            never_issued_token_is_stale,
+            holder_whose_lease_ran_out_is_stale,
+            completed_record_refuses_every_token,
+            release_lets_a_redelivery_run_again,
+            tokens_increase_across_release_takeover_and_expiry,
+            extend_pushes_the_lease_out,
+            completed_record_expires_after_retention,
+            get_shows_each_state,
+            namespaces_are_isolated,
+            batch_forms_agree_with_single_forms,
+            batch_begin_of_one_key_twice_acquires_once,
+            begin_race_has_exactly_one_winner,
+            complete_race_has_exactly_one_winner,
+            bad_input_is_refused_and_changes_nothing,
+            scan_lists_stuck_work,
+            random_operations_match_the_model,
+        );
+    };
+    (@cases $subject:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let subject = $subject.await;
+                $crate::cases::$case(&subject).await;
+            }
+        )*
+    };
+}
