@@ -17,6 +17,7 @@
 #![deny(missing_docs)]
 
 pub mod cases;
+pub mod faults;
 pub mod model;
 
 use std::time::Duration;

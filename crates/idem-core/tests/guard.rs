@@ -1,0 +1,339 @@
+//! The guard's guarantees (DESIGN.md §3), against the memory store.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use idem_core::{
+    Disposition, Failure, Fingerprint, Guard, GuardError, Key, Lease, ManualClock, MemoryStore,
+    Record, Store,
+};
+use idem_testkit::faults::Switchable;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct Receipt {
+    amount: u32,
+    id: String,
+}
+
+fn key(k: &str) -> Key {
+    Key::new("guard", k.to_owned()).unwrap()
+}
+
+#[tokio::test]
+async fn duplicate_deliveries_run_the_handler_once() {
+    let guard = Guard::new(MemoryStore::new());
+    let runs = AtomicU32::new(0);
+    for _ in 0..5 {
+        let receipt = guard
+            .run(&key("once"), None, |_| async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, std::io::Error>(Receipt {
+                    amount: 10,
+                    id: "r-1".into(),
+                })
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            receipt,
+            Receipt {
+                amount: 10,
+                id: "r-1".into()
+            }
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_deliveries_run_once_and_the_rest_retry_later() {
+    let guard = Arc::new(Guard::new(MemoryStore::new()));
+    let runs = Arc::new(AtomicU32::new(0));
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (guard, runs) = (guard.clone(), runs.clone());
+            tokio::spawn(async move {
+                guard
+                    .run(&key("concurrent"), None, |_| async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        Ok::<_, std::io::Error>(1)
+                    })
+                    .await
+            })
+        })
+        .collect();
+    let mut busy = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(1) => {}
+            Err(e @ GuardError::InProgress { .. }) => {
+                assert!(matches!(
+                    e.disposition(),
+                    Disposition::RetryLater { after: Some(_) }
+                ));
+                busy += 1;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(busy >= 1);
+}
+
+#[tokio::test]
+async fn handler_error_releases_so_a_redelivery_runs_again() {
+    let store = MemoryStore::new();
+    let guard = Guard::new(store.clone());
+    let failed = guard
+        .run(&key("retry"), None, |_| async { Err::<u32, _>("boom") })
+        .await;
+    assert!(matches!(failed, Err(GuardError::Handler("boom"))));
+    assert_eq!(store.get(&key("retry")).await.unwrap(), None);
+    let ok = guard
+        .run(&key("retry"), None, |_| async { Ok::<_, &str>(7) })
+        .await;
+    assert_eq!(ok.unwrap(), 7);
+}
+
+#[tokio::test]
+async fn compensation_runs_before_the_claim_is_released() {
+    let store = MemoryStore::new();
+    let guard = Guard::new(store.clone());
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let seen2 = seen.clone();
+    let store2 = store.clone();
+    let r = guard
+        .run_compensated(
+            &key("compensate"),
+            None,
+            |_| async { Err::<u32, _>("half done") },
+            move |failure| {
+                let what = match failure {
+                    Failure::Error(e) => e.to_string(),
+                    Failure::Panicked => "panic".into(),
+                };
+                async move {
+                    let record = store2.get(&key("compensate")).await.unwrap();
+                    *seen2.lock().unwrap() = Some((what, record));
+                }
+            },
+        )
+        .await;
+    assert!(matches!(r, Err(GuardError::Handler("half done"))));
+    let (what, record) = seen.lock().unwrap().take().expect("compensation ran");
+    assert_eq!(what, "half done");
+    assert!(
+        matches!(record, Some(Record::InProgress(_))),
+        "still held while compensating"
+    );
+    assert_eq!(
+        store.get(&key("compensate")).await.unwrap(),
+        None,
+        "released after"
+    );
+}
+
+#[tokio::test]
+async fn panic_releases_and_propagates() {
+    let store = MemoryStore::new();
+    let guard = Guard::new(store.clone());
+    let k = key("panic");
+    let run = tokio::spawn({
+        let guard = guard.clone();
+        let k = k.clone();
+        async move {
+            guard
+                .run(&k, None, |_| async {
+                    if true {
+                        panic!("handler exploded");
+                    }
+                    Ok::<u32, String>(1)
+                })
+                .await
+        }
+    });
+    assert!(run.await.unwrap_err().is_panic());
+    assert_eq!(store.get(&k).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn dropped_future_releases_the_claim() {
+    let store = MemoryStore::new();
+    let guard = Guard::new(store.clone());
+    let k = key("dropped");
+    let running = tokio::spawn({
+        let (guard, k) = (guard.clone(), k.clone());
+        async move {
+            guard
+                .run(&k, None, |_| async {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    Ok::<u32, String>(1)
+                })
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(matches!(
+        store.get(&k).await.unwrap(),
+        Some(Record::InProgress(_))
+    ));
+    running.abort();
+    let _ = running.await;
+    for _ in 0..100 {
+        if store.get(&k).await.unwrap().is_none() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the dropped run's claim was not released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_keeps_a_long_handler_holding_its_key() {
+    let store = MemoryStore::new();
+    let guard = Guard::new(store.clone()).lease(Lease::from_millis(150));
+    let k = key("watchdog");
+    let run = tokio::spawn({
+        let (guard, k) = (guard.clone(), k.clone());
+        async move {
+            guard
+                .run(&k, None, |claim| async move {
+                    // Four leases long.
+                    tokio::time::sleep(Duration::from_millis(600)).await;
+                    Ok::<_, String>(claim.is_lost())
+                })
+                .await
+        }
+    });
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let again = store.begin(&k, None, Lease::from_secs(1)).await.unwrap();
+        assert!(
+            matches!(again, idem_core::Begin::InProgress { .. }),
+            "the key was taken over from a live handler: {again:?}"
+        );
+    }
+    assert!(
+        !run.await.unwrap().unwrap(),
+        "the handler was told its lease was lost"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_is_told_when_its_lease_is_lost() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let guard = Guard::new(store.clone()).lease(Lease::from_millis(90));
+    let k = key("lost");
+    let run = tokio::spawn({
+        let (guard, k) = (guard.clone(), k.clone());
+        async move {
+            guard
+                .run(&k, None, |claim| async move {
+                    tokio::select! {
+                        () = claim.lost() => Err("lease lost"),
+                        () = tokio::time::sleep(Duration::from_secs(10)) => Ok(()),
+                    }
+                })
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // The store's time jumps past the lease: the next renewal is refused.
+    clock.advance(Duration::from_secs(1));
+    let result = tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("the handler should stop soon after the lease is lost")
+        .unwrap();
+    assert!(matches!(result, Err(GuardError::Handler("lease lost"))));
+}
+
+#[tokio::test]
+async fn success_after_a_takeover_reports_the_lost_lease() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let guard = Guard::new(store.clone()).lease(Lease::from_secs(30));
+    let k = key("late");
+    let r = guard
+        .run(&k, None, |_| async {
+            clock.advance(Duration::from_secs(31));
+            Ok::<_, String>(1)
+        })
+        .await;
+    assert!(matches!(r, Err(GuardError::LeaseLost)));
+    assert_eq!(r.unwrap_err().disposition(), Disposition::Ack);
+}
+
+#[tokio::test]
+async fn reused_key_with_other_content_is_a_mismatch() {
+    let guard = Guard::new(MemoryStore::new());
+    let k = key("mismatch");
+    let a = Some(Fingerprint::sha256(b"amount=10"));
+    let b = Some(Fingerprint::sha256(b"amount=99"));
+    guard
+        .run(&k, a, |_| async { Ok::<_, String>(1) })
+        .await
+        .unwrap();
+    let r = guard.run(&k, b, |_| async { Ok::<_, String>(2) }).await;
+    assert!(matches!(r, Err(GuardError::Mismatch)));
+    assert_eq!(r.unwrap_err().disposition(), Disposition::DeadLetter);
+}
+
+#[tokio::test]
+async fn unreachable_store_fails_closed_by_default() {
+    let store = Switchable::new(MemoryStore::new());
+    store.set_down(true);
+    let ran = AtomicU32::new(0);
+    let r = Guard::new(store.clone())
+        .run(&key("closed"), None, |_| async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(1)
+        })
+        .await;
+    assert!(matches!(r, Err(GuardError::Store(_))));
+    assert_eq!(
+        r.unwrap_err().disposition(),
+        Disposition::RetryLater { after: None }
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn fail_open_runs_unguarded_when_configured() {
+    let store = Switchable::new(MemoryStore::new());
+    store.set_down(true);
+    let r = Guard::new(store.clone())
+        .fail_open(true)
+        .run(&key("open"), None, |claim| async move {
+            assert_eq!(claim.token(), None);
+            Ok::<_, String>(5)
+        })
+        .await;
+    assert_eq!(r.unwrap(), 5);
+}
+
+#[tokio::test]
+async fn oversized_outcome_is_refused_and_the_key_released() {
+    let store = MemoryStore::builder()
+        .limits(idem_core::Limits {
+            max_outcome_bytes: 8,
+            ..Default::default()
+        })
+        .build();
+    let guard = Guard::new(store.clone());
+    let r = guard
+        .run(&key("big"), None, |_| async {
+            Ok::<_, String>("far more than eight bytes".to_string())
+        })
+        .await;
+    assert!(matches!(
+        r,
+        Err(GuardError::Invalid(
+            idem_core::InvalidInput::OutcomeTooLarge { .. }
+        ))
+    ));
+    assert_eq!(store.get(&key("big")).await.unwrap(), None);
+}

@@ -1,0 +1,101 @@
+//! Fault injection: a store that can be switched to fail as an unreachable
+//! one would, to test what callers do when the store is down.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem_core::{
+    Begin, BeginItem, CompleteItem, Entry, Fenced, FencingToken, Fingerprint, Key, Lease, Limits,
+    Record, ScanQuery, Store, StoreError, Timestamp,
+};
+
+/// Wraps a store; while [`set_down`](Switchable::set_down) is on, every call
+/// fails with [`StoreError::Unavailable`] before reaching it.
+#[derive(Clone, Debug)]
+pub struct Switchable<S> {
+    inner: S,
+    down: Arc<AtomicBool>,
+}
+
+impl<S: Store> Switchable<S> {
+    /// Wraps `inner`, up.
+    pub fn new(inner: S) -> Self {
+        Self {
+            inner,
+            down: Arc::default(),
+        }
+    }
+
+    /// Takes the store down (`true`) or brings it back.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    fn check(&self) -> Result<(), StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::unavailable("the store is switched off"));
+        }
+        Ok(())
+    }
+}
+
+impl<S: Store> Store for Switchable<S> {
+    async fn begin(
+        &self,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        lease: Lease,
+    ) -> Result<Begin, StoreError> {
+        self.check()?;
+        self.inner.begin(key, fingerprint, lease).await
+    }
+    async fn complete(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        outcome: Option<Bytes>,
+        retention: Duration,
+    ) -> Result<Fenced, StoreError> {
+        self.check()?;
+        self.inner.complete(key, token, outcome, retention).await
+    }
+    async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
+        self.check()?;
+        self.inner.release(key, token).await
+    }
+    async fn extend(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        lease: Lease,
+    ) -> Result<Fenced<Timestamp>, StoreError> {
+        self.check()?;
+        self.inner.extend(key, token, lease).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.check()?;
+        self.inner.get(key).await
+    }
+    async fn begin_many(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
+        self.check()?;
+        self.inner.begin_many(items).await
+    }
+    async fn complete_many(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {
+        self.check()?;
+        self.inner.complete_many(items).await
+    }
+    async fn scan(&self, query: &ScanQuery) -> Result<Vec<Entry>, StoreError> {
+        self.check()?;
+        self.inner.scan(query).await
+    }
+    fn limits(&self) -> &Limits {
+        self.inner.limits()
+    }
+}
