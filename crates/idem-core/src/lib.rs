@@ -15,6 +15,7 @@ mod key;
 mod limits;
 pub mod machine;
 mod memory;
+pub mod periodic;
 mod record;
 mod store;
 mod time;

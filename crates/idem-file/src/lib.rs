@@ -1,1 +1,692 @@
+//! idem's embedded durable store: one directory on local disk, nothing else
+//! to run. The default store of `idem serve`.
+//!
+//! Completed records live in [fjall](https://docs.rs/fjall), an LSM-tree
+//! engine (a dedup store is write-heavy: every message writes, few read
+//! back), with an expiry index that a background sweeper follows. In-progress
+//! claims live in memory (see below). An acknowledged `complete` survives
+//! `kill -9` and, with [`Durability::GroupCommit`] or
+//! [`Durability::Immediate`], power loss.
+//!
+//! ```no_run
+//! use idem_file::FileStore;
+//! use idem_core::{Guard, Key};
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = FileStore::open("./idem-data")?;
+//! let guard = Guard::new(store);
+//! let key = Key::new("orders", "o-1")?;
+//! let n: u32 = guard.run(&key, None, |_| async { Ok::<_, std::io::Error>(1) }).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # What a crash keeps
+//!
+//! - Every acknowledged `complete`, with its outcome.
+//! - Fencing tokens stay monotonic: a restarted store issues only tokens
+//!   above any issued before.
+//! - In-progress claims are lost. That acts like the expiry of their leases:
+//!   their holders' tokens are stale, and the next delivery acquires again.
+//!   Only what must survive a crash waits for the disk, which is why a
+//!   `begin` costs no fsync.
+#![deny(missing_docs)]
 
+mod claims;
+mod codec;
+mod commit;
+mod tokens;
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, OnceLock};
+use std::thread::{JoinHandle, Thread};
+use std::time::Duration;
+
+use bytes::Bytes;
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+use idem_core::machine::{self, Current, Decision};
+use idem_core::periodic::spawn_periodic;
+use idem_core::{
+    Begin, BeginItem, Claim as Acquired, Clock, CompleteItem, Completed,
+    DEFAULT_ABANDONED_RETENTION, Entry, Fenced, FencingToken, Fingerprint, InProgress, Key, Lease,
+    Limits, Record, ScanQuery, Store, StoreError, SystemClock, Timestamp,
+};
+use tokio::sync::oneshot;
+
+use self::claims::{Claim, Claims, encoded};
+use self::codec::{decode_completed, encode_completed, expiry_key, split_expiry_key};
+pub use self::commit::Durability;
+use self::commit::{Job, Put};
+
+/// Why a file store could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The directory could not be created or used.
+    #[error("cannot use {path}: {source}")]
+    Directory {
+        /// The directory.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// The storage engine refused to open or recover the directory.
+    #[error(
+        "cannot open the store at {path}: {source} (is another idem process using it? each directory takes one process)"
+    )]
+    Engine {
+        /// The directory.
+        path: PathBuf,
+        /// What failed.
+        source: fjall::Error,
+    },
+    /// A background thread could not be started.
+    #[error("cannot start the store's {what} thread: {source}")]
+    Thread {
+        /// Which thread.
+        what: &'static str,
+        /// What failed.
+        source: std::io::Error,
+    },
+}
+
+/// The embedded durable store; see the [crate docs](crate).
+///
+/// Clones share one store. It closes when the last clone is dropped, after
+/// the committer has answered everything handed to it.
+#[derive(Clone)]
+pub struct FileStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Database,
+    records: Keyspace,
+    expiry: Keyspace,
+    claims: Claims,
+    tokens: tokens::TokenSequence,
+    /// `None` only while dropping.
+    committer: Option<mpsc::Sender<Job>>,
+    committer_thread: Option<JoinHandle<()>>,
+    clock: Arc<dyn Clock>,
+    limits: Limits,
+    abandoned_retention: Duration,
+    /// Set when a write or fsync failed: the engine can no longer promise
+    /// durability, so every later operation fails until a restart.
+    failed: OnceLock<String>,
+    sweeper: OnceLock<Thread>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(t) = self.sweeper.get() {
+            t.unpark();
+        }
+        // Closing the channel lets the committer answer what it holds and
+        // stop; waiting for it releases the directory for the next opener.
+        self.committer.take();
+        if let Some(t) = self.committer_thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Configures and opens a [`FileStore`].
+#[derive(Debug)]
+pub struct FileStoreBuilder {
+    path: PathBuf,
+    durability: Durability,
+    clock: Arc<dyn Clock>,
+    limits: Limits,
+    sweep_interval: Option<Duration>,
+    abandoned_retention: Duration,
+    cache_bytes: u64,
+}
+
+impl FileStoreBuilder {
+    /// How acknowledged completions are made durable (default group commit).
+    pub fn durability(mut self, d: Durability) -> Self {
+        self.durability = d;
+        self
+    }
+
+    /// The clock leases and retention are measured on (default: system).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// The limits to enforce.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// How often expired records are removed (default 1 s); `None` for never
+    /// (call [`FileStore::sweep`] yourself).
+    pub fn sweep_interval(mut self, every: Option<Duration>) -> Self {
+        self.sweep_interval = every;
+        self
+    }
+
+    /// How long an in-progress claim whose lease ran out is kept so that a
+    /// takeover counts its attempts.
+    pub fn abandoned_retention(mut self, d: Duration) -> Self {
+        self.abandoned_retention = d;
+        self
+    }
+
+    /// The engine's block cache, in bytes (default 64 MiB).
+    pub fn cache_bytes(mut self, bytes: u64) -> Self {
+        self.cache_bytes = bytes;
+        self
+    }
+
+    /// Opens (or creates) the store, recovering it after a crash.
+    pub fn open(self) -> Result<FileStore, OpenError> {
+        let path = self.path;
+        std::fs::create_dir_all(&path).map_err(|source| OpenError::Directory {
+            path: path.clone(),
+            source,
+        })?;
+        let engine = |source| OpenError::Engine {
+            path: path.clone(),
+            source,
+        };
+        let db = Database::builder(&path)
+            .cache_size(self.cache_bytes)
+            .manual_journal_persist(true)
+            .open()
+            .map_err(engine)?;
+        let records = db
+            .keyspace("records", KeyspaceCreateOptions::default)
+            .map_err(engine)?;
+        let expiry = db
+            .keyspace("expiry", KeyspaceCreateOptions::default)
+            .map_err(engine)?;
+        let meta = db
+            .keyspace("meta", KeyspaceCreateOptions::default)
+            .map_err(engine)?;
+        let tokens = tokens::TokenSequence::open(&db, &meta).map_err(engine)?;
+        let (committer, committer_thread) =
+            commit::spawn(db.clone(), records.clone(), expiry.clone(), self.durability).map_err(
+                |source| OpenError::Thread {
+                    what: "committer",
+                    source,
+                },
+            )?;
+        let inner = Arc::new(Inner {
+            db,
+            records,
+            expiry,
+            claims: Claims::new(64),
+            tokens,
+            committer: Some(committer),
+            committer_thread: Some(committer_thread),
+            clock: self.clock,
+            limits: self.limits,
+            abandoned_retention: self.abandoned_retention,
+            failed: OnceLock::new(),
+            sweeper: OnceLock::new(),
+        });
+        if let Some(every) = self.sweep_interval {
+            let sweeper = spawn_periodic("idem-file-sweeper", &inner, every, |inner| {
+                if let Err(e) = inner.sweep() {
+                    tracing::warn!(error = %e, "sweeping expired records failed");
+                }
+            })
+            .map_err(|source| OpenError::Thread {
+                what: "sweeper",
+                source,
+            })?;
+            let _ = inner.sweeper.set(sweeper);
+        }
+        Ok(FileStore { inner })
+    }
+}
+
+impl FileStore {
+    /// Opens the store in `path` with group commit and default limits.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, OpenError> {
+        Self::builder(path).open()
+    }
+
+    /// Configures a store in `path`.
+    pub fn builder(path: impl AsRef<Path>) -> FileStoreBuilder {
+        FileStoreBuilder {
+            path: path.as_ref().to_path_buf(),
+            durability: Durability::default(),
+            clock: Arc::new(SystemClock),
+            limits: Limits::default(),
+            sweep_interval: Some(Duration::from_secs(1)),
+            abandoned_retention: DEFAULT_ABANDONED_RETENTION,
+            cache_bytes: 64 * 1024 * 1024,
+        }
+    }
+
+    /// Removes expired records now; returns how many completed records went.
+    pub fn sweep(&self) -> Result<usize, StoreError> {
+        self.inner.sweep()
+    }
+
+    /// Makes everything written so far durable (also what `Buffered` mode
+    /// has not synced). For a clean shutdown.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.inner
+            .db
+            .persist(PersistMode::SyncAll)
+            .map_err(StoreError::unavailable)
+    }
+}
+
+fn corrupt(key: &[u8], detail: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!(
+        "record {:?}: {detail}",
+        key.escape_ascii().to_string()
+    ))
+}
+
+impl Inner {
+    fn check_healthy(&self) -> Result<(), StoreError> {
+        match self.failed.get() {
+            Some(why) => Err(StoreError::unavailable(format!(
+                "a durable write failed earlier ({why}); restart the store to recover"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn engine_failed(&self, e: impl std::fmt::Display) -> StoreError {
+        let why = e.to_string();
+        let _ = self.failed.set(why.clone());
+        StoreError::unavailable(why)
+    }
+
+    /// The live completed record for `encoded`, if any.
+    fn read_completed(
+        &self,
+        encoded: &[u8],
+        now: Timestamp,
+    ) -> Result<Option<Completed>, StoreError> {
+        let Some(value) = self.records.get(encoded).map_err(StoreError::unavailable)? else {
+            return Ok(None);
+        };
+        let record = decode_completed(&value).map_err(|e| corrupt(encoded, e))?;
+        Ok((record.expires_at > now).then_some(record))
+    }
+
+    fn begin(
+        &self,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        lease: Lease,
+    ) -> Result<Begin, StoreError> {
+        self.limits.check_begin(key, lease)?;
+        self.check_healthy()?;
+        let enc = encoded(key);
+        let mut shard = self.claims.lock(&enc);
+        let now = self.clock.now();
+        let mut replay = None;
+        let current = match shard.get(&enc) {
+            Some(c) if c.completing => {
+                return Ok(Begin::InProgress {
+                    retry_after: machine::retry_after(c.lease_expires_at, now),
+                });
+            }
+            Some(c) => Current::InProgress {
+                fingerprint: c.fingerprint,
+                lease_expires_at: c.lease_expires_at,
+                attempts: c.attempts,
+            },
+            None => match self.read_completed(&enc, now)? {
+                Some(r) => {
+                    let current = Current::Completed {
+                        fingerprint: r.fingerprint,
+                    };
+                    replay = Some(r);
+                    current
+                }
+                None => Current::Absent,
+            },
+        };
+        match machine::decide_begin(current, fingerprint, now) {
+            Decision::Acquire { attempt } => {
+                let token = self.tokens.next().map_err(|e| self.engine_failed(e))?;
+                let lease_expires_at = now.after(lease.duration());
+                shard.insert(
+                    enc,
+                    Claim {
+                        token,
+                        fingerprint,
+                        lease_expires_at,
+                        attempts: attempt,
+                        started_at: now,
+                        completing: false,
+                    },
+                );
+                Ok(Begin::Acquired(Acquired {
+                    token: FencingToken::new(token),
+                    lease_expires_at,
+                    attempt,
+                }))
+            }
+            Decision::Wait { retry_after } => Ok(Begin::InProgress { retry_after }),
+            Decision::Mismatch => Ok(Begin::Mismatch),
+            Decision::Replay => {
+                let r = replay.expect("a completed record was read");
+                Ok(Begin::Completed {
+                    outcome: r.outcome,
+                    completed_at: r.completed_at,
+                })
+            }
+        }
+    }
+
+    /// Marks the claim `token` owns as completing and builds its write, or
+    /// answers `None` (stale).
+    fn start_completing(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        outcome: Option<Bytes>,
+        retention: Duration,
+    ) -> Option<Put> {
+        let enc = encoded(key);
+        let mut shard = self.claims.lock(&enc);
+        let now = self.clock.now();
+        let claim = shard.get_mut(&enc)?;
+        if claim.completing || !machine::owns(claim.token, token.get(), claim.lease_expires_at, now)
+        {
+            return None;
+        }
+        claim.completing = true;
+        let record = Completed {
+            token,
+            fingerprint: claim.fingerprint,
+            outcome,
+            completed_at: now,
+            expires_at: now.after(retention),
+        };
+        Some(Put {
+            expiry: expiry_key(record.expires_at, &enc),
+            value: encode_completed(&record),
+            key: enc,
+        })
+    }
+
+    /// After the committer answered: drop the claim (success) or make it
+    /// ownable again (failure; the store is failed by then anyway).
+    fn finish_completing(&self, key: &[u8], token: FencingToken, written: bool) {
+        let mut shard = self.claims.lock(key);
+        if let Some(c) = shard.get_mut(key)
+            && c.token == token.get()
+        {
+            if written {
+                shard.remove(key);
+            } else {
+                c.completing = false;
+            }
+        }
+    }
+
+    async fn commit(&self, puts: Vec<Put>) -> Result<(), StoreError> {
+        let (done, answer) = oneshot::channel();
+        self.committer
+            .as_ref()
+            .expect("the store is open")
+            .send(Job { puts, done })
+            .map_err(|_| self.engine_failed("the committer thread has stopped"))?;
+        match answer.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(self.engine_failed(e)),
+            Err(_) => Err(self.engine_failed("the committer thread has stopped")),
+        }
+    }
+
+    async fn complete_many(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {
+        self.check_healthy()?;
+        let mut answers = Vec::with_capacity(items.len());
+        let mut puts = Vec::new();
+        let mut owned = Vec::new();
+        for item in items {
+            match self.start_completing(&item.key, item.token, item.outcome.clone(), item.retention)
+            {
+                Some(put) => {
+                    owned.push((put.key.clone(), item.token));
+                    puts.push(put);
+                    answers.push(Fenced::Ok(()));
+                }
+                None => answers.push(Fenced::Stale),
+            }
+        }
+        if puts.is_empty() {
+            return Ok(answers);
+        }
+        let written = self.commit(puts).await;
+        for (key, token) in &owned {
+            self.finish_completing(key, *token, written.is_ok());
+        }
+        written.map(|()| answers)
+    }
+
+    fn with_owned<T>(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        op: impl FnOnce(&mut claims::Shard, Box<[u8]>, Timestamp) -> T,
+    ) -> Result<Fenced<T>, StoreError> {
+        self.check_healthy()?;
+        let enc = encoded(key);
+        let mut shard = self.claims.lock(&enc);
+        let now = self.clock.now();
+        let owned = shard.get(&enc).is_some_and(|c| {
+            !c.completing && machine::owns(c.token, token.get(), c.lease_expires_at, now)
+        });
+        Ok(if owned {
+            Fenced::Ok(op(&mut shard, enc, now))
+        } else {
+            Fenced::Stale
+        })
+    }
+
+    fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.limits.check_key(key)?;
+        self.check_healthy()?;
+        let enc = encoded(key);
+        let shard = self.claims.lock(&enc);
+        if let Some(c) = shard.get(&enc) {
+            return Ok(Some(in_progress(c)));
+        }
+        Ok(self
+            .read_completed(&enc, self.clock.now())?
+            .map(Record::Completed))
+    }
+
+    fn scan(&self, query: &ScanQuery) -> Result<Vec<Entry>, StoreError> {
+        self.check_healthy()?;
+        let prefix = Key::encode_namespace(&query.namespace);
+        let after = query.after.as_ref().map(|a| [&prefix[..], a].concat());
+        let past_cursor = |k: &[u8]| after.as_deref().is_none_or(|a| k > a);
+        let now = self.clock.now();
+        let mut found = std::collections::BTreeMap::<Vec<u8>, Record>::new();
+        for shard in self.claims.shards() {
+            for (k, c) in shard.lock().iter() {
+                if k.starts_with(&prefix) && past_cursor(k) {
+                    let record = in_progress(c);
+                    if query.admits(&record) {
+                        found.insert(k.to_vec(), record);
+                    }
+                }
+            }
+        }
+        let mut from_disk = 0;
+        for item in self.records.prefix(&prefix) {
+            if from_disk >= query.limit {
+                break;
+            }
+            let (k, v) = item.into_inner().map_err(StoreError::unavailable)?;
+            if !past_cursor(&k) || found.contains_key(&k[..]) {
+                continue;
+            }
+            let r = decode_completed(&v).map_err(|e| corrupt(&k, e))?;
+            let record = Record::Completed(r);
+            if let Record::Completed(r) = &record
+                && r.expires_at > now
+                && query.admits(&record)
+            {
+                found.insert(k.to_vec(), record);
+                from_disk += 1;
+            }
+        }
+        found
+            .into_iter()
+            .take(query.limit)
+            .map(|(k, record)| {
+                let key = Key::decode(&k).map_err(|e| corrupt(&k, e))?;
+                Ok(Entry { key, record })
+            })
+            .collect()
+    }
+
+    /// Removes completed records past retention (following the expiry index)
+    /// and claims abandoned longer than `abandoned_retention`.
+    fn sweep(&self) -> Result<usize, StoreError> {
+        self.check_healthy()?;
+        let now = self.clock.now();
+        for shard in self.claims.shards() {
+            shard.lock().retain(|_, c| {
+                c.completing || c.lease_expires_at.after(self.abandoned_retention) > now
+            });
+        }
+        let due_end = expiry_key(now.after(Duration::from_millis(1)), &[]);
+        let mut removed = 0;
+        loop {
+            let due: Vec<_> = self
+                .expiry
+                .range(..due_end.clone())
+                .take(4096)
+                .map(|item| item.key())
+                .collect::<Result<_, _>>()
+                .map_err(StoreError::unavailable)?;
+            if due.is_empty() {
+                return Ok(removed);
+            }
+            let mut batch = self.db.batch();
+            for index_key in &due {
+                let Some((expires_at, enc)) = split_expiry_key(index_key) else {
+                    batch.remove(&self.expiry, index_key.clone());
+                    continue;
+                };
+                // Under the key's lock: a claim means a new record may be on
+                // its way, so leave both for a later sweep.
+                let shard = self.claims.lock(enc);
+                if shard.contains_key(enc) {
+                    continue;
+                }
+                let stored = self.records.get(enc).map_err(StoreError::unavailable)?;
+                if let Some(v) = stored
+                    && decode_completed(&v).is_ok_and(|r| r.expires_at == expires_at)
+                {
+                    batch.remove(&self.records, enc);
+                    removed += 1;
+                }
+                batch.remove(&self.expiry, index_key.clone());
+                drop(shard);
+            }
+            let progressed = !batch.is_empty();
+            batch.commit().map_err(StoreError::unavailable)?;
+            if !progressed {
+                return Ok(removed);
+            }
+        }
+    }
+}
+
+fn in_progress(c: &Claim) -> Record {
+    Record::InProgress(InProgress {
+        token: FencingToken::new(c.token),
+        fingerprint: c.fingerprint,
+        lease_expires_at: c.lease_expires_at,
+        attempts: c.attempts,
+        started_at: c.started_at,
+    })
+}
+
+impl Store for FileStore {
+    async fn begin(
+        &self,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        lease: Lease,
+    ) -> Result<Begin, StoreError> {
+        self.inner.begin(key, fingerprint, lease)
+    }
+
+    async fn complete(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        outcome: Option<Bytes>,
+        retention: Duration,
+    ) -> Result<Fenced, StoreError> {
+        self.inner
+            .limits
+            .check_complete(key, outcome.as_ref(), retention)?;
+        let item = CompleteItem {
+            key: key.clone(),
+            token,
+            outcome,
+            retention,
+        };
+        let mut answers = self
+            .inner
+            .complete_many(std::slice::from_ref(&item))
+            .await?;
+        Ok(answers.pop().expect("one answer per item"))
+    }
+
+    async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
+        self.inner.limits.check_key(key)?;
+        self.inner.with_owned(key, token, |shard, enc, _| {
+            shard.remove(&enc);
+        })
+    }
+
+    async fn extend(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        lease: Lease,
+    ) -> Result<Fenced<Timestamp>, StoreError> {
+        self.inner.limits.check_begin(key, lease)?;
+        self.inner.with_owned(key, token, |shard, enc, now| {
+            let claim = shard.get_mut(&enc).expect("the claim is owned");
+            claim.lease_expires_at = now.after(lease.duration());
+            claim.lease_expires_at
+        })
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.inner.get(key)
+    }
+
+    async fn begin_many(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
+        self.inner.limits.check_begin_items(items)?;
+        items
+            .iter()
+            .map(|i| self.inner.begin(&i.key, i.fingerprint, i.lease))
+            .collect()
+    }
+
+    async fn complete_many(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {
+        self.inner.limits.check_complete_items(items)?;
+        self.inner.complete_many(items).await
+    }
+
+    async fn scan(&self, query: &ScanQuery) -> Result<Vec<Entry>, StoreError> {
+        self.inner.scan(query)
+    }
+
+    fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+}

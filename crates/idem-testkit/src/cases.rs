@@ -739,12 +739,9 @@ pub async fn scan_lists_stuck_work<S: Store + Clone>(s: &Subject<S>) {
     let old = ScanQuery::new(ns.clone())
         .state(RecordState::InProgress)
         .older_than(fresh_record.started_at);
-    assert_eq!(keys(s.store.scan(&old).await.unwrap()), [stuck.clone()]);
+    assert_eq!(keys(s.store.scan(&old).await.unwrap()), [stuck]);
     let completed = ScanQuery::new(ns.clone()).state(RecordState::Completed);
-    assert_eq!(
-        keys(s.store.scan(&completed).await.unwrap()),
-        [done.clone()]
-    );
+    assert_eq!(keys(s.store.scan(&completed).await.unwrap()), [done]);
     let page = ScanQuery::new(ns.clone()).after("a-stuck").limit(1);
     assert_eq!(keys(s.store.scan(&page).await.unwrap()), [fresh]);
 }

@@ -4,7 +4,7 @@
 mod shard;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 
 use self::shard::{Shard, Slot, hash_key};
 use crate::machine::{self, Current, Decision};
+use crate::periodic::spawn_periodic;
 use crate::{
     Begin, BeginItem, Claim, Clock, CompleteItem, Entry, Fenced, FencingToken, Fingerprint, Key,
     Lease, Limits, Record, ScanQuery, Store, StoreError, SystemClock, Timestamp,
@@ -135,26 +136,13 @@ impl MemoryStoreBuilder {
             sweeper: OnceLock::new(),
         });
         if let Some(every) = self.sweep_interval {
-            let weak = Arc::downgrade(&inner);
-            let handle = std::thread::Builder::new()
-                .name("idem-memory-sweeper".into())
-                .spawn(move || sweep_until_dropped(&weak, every))
-                .expect("spawning the sweeper thread");
-            let _ = inner.sweeper.set(handle.thread().clone());
+            let sweeper = spawn_periodic("idem-memory-sweeper", &inner, every, |inner| {
+                inner.sweep();
+            })
+            .expect("spawning the sweeper thread");
+            let _ = inner.sweeper.set(sweeper);
         }
         MemoryStore { inner }
-    }
-}
-
-fn sweep_until_dropped(store: &Weak<Inner>, every: Duration) {
-    loop {
-        std::thread::park_timeout(every);
-        match store.upgrade() {
-            Some(inner) => {
-                inner.sweep();
-            }
-            None => return,
-        }
     }
 }
 
