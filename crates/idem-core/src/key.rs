@@ -150,20 +150,11 @@ impl Key {
         }
     }
 
-    /// Feeds the encoded form to `hasher` in the pieces that
-    /// [`hash_encoded`] uses, so both give one hash for one key.
+    /// Feeds the namespace and the key to `hasher`.
     pub fn hash_into(&self, hasher: &mut impl Hasher) {
         let ns = self.namespace.as_str().as_bytes();
         hasher.write(ns);
         hasher.write(&self.key);
-    }
-}
-
-/// Hashes an encoded key the way [`Key::hash_into`] hashes the key.
-pub fn hash_encoded(encoded: &[u8], hasher: &mut impl Hasher) {
-    if let Some((ns, key)) = split_encoded(encoded) {
-        hasher.write(ns);
-        hasher.write(key);
     }
 }
 

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use foldhash::fast::RandomState;
 use parking_lot::Mutex;
 
-use self::shard::{Shard, Slot, hash_key};
+use self::shard::{KeyHash, Shard, Slot};
 use crate::machine::{self, Current, Decision};
 use crate::periodic::spawn_periodic;
 use crate::{
@@ -60,6 +60,8 @@ struct Inner {
     capacity: Option<usize>,
     /// Counted only when a capacity is set.
     len: AtomicUsize,
+    /// When a full store last swept on demand (ms on its clock).
+    last_full_sweep: AtomicU64,
     abandoned_retention: Duration,
     sweeper: OnceLock<Thread>,
 }
@@ -132,6 +134,7 @@ impl MemoryStoreBuilder {
             next_token: AtomicU64::new(1),
             capacity: self.capacity,
             len: AtomicUsize::new(0),
+            last_full_sweep: AtomicU64::new(0),
             abandoned_retention: self.abandoned_retention,
             sweeper: OnceLock::new(),
         });
@@ -192,9 +195,8 @@ impl Inner {
         self.clock.now()
     }
 
-    fn shard(&self, hash: u64) -> &Mutex<Shard> {
-        // Middle bits: the table itself uses the low and the top 7 bits.
-        &self.shards[(hash >> 32) as usize & (self.shards.len() - 1)]
+    fn shard(&self, hash: KeyHash) -> &Mutex<Shard> {
+        &self.shards[hash.shard(self.shards.len())]
     }
 
     fn is_dead(&self, slot: &Slot, now: Timestamp) -> bool {
@@ -210,10 +212,7 @@ impl Inner {
         let removed: usize = self
             .shards
             .iter()
-            .map(|s| {
-                s.lock()
-                    .remove_where(&self.hasher, |slot| self.is_dead(slot, now))
-            })
+            .map(|s| s.lock().remove_where(|slot| self.is_dead(slot, now)))
             .sum();
         if self.capacity.is_some() {
             self.len.fetch_sub(removed, Ordering::Relaxed);
@@ -221,21 +220,30 @@ impl Inner {
         removed
     }
 
-    fn take_room(&self, shard: &mut Shard, now: Timestamp) -> Result<(), StoreError> {
+    /// Counts one more record, or refuses when the store is full.
+    fn take_room(&self) -> Result<(), StoreError> {
         let Some(limit) = self.capacity else {
             return Ok(());
         };
         if self.len.fetch_add(1, Ordering::Relaxed) < limit {
             return Ok(());
         }
-        // Full: make room from this shard's dead records before refusing.
-        let freed = shard.remove_where(&self.hasher, |slot| self.is_dead(slot, now));
-        self.len.fetch_sub(freed + 1, Ordering::Relaxed);
-        if freed > 0 {
-            self.len.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
-        }
+        self.len.fetch_sub(1, Ordering::Relaxed);
         Err(StoreError::CapacityExceeded { limit })
+    }
+
+    /// When full, sweeps at once instead of waiting for the sweeper, at most
+    /// every 100 ms (a full store of live records would otherwise pay a
+    /// whole sweep per `begin`). Returns whether it swept.
+    fn sweep_when_full(&self) -> bool {
+        let now = self.now().as_millis();
+        let last = self.last_full_sweep.load(Ordering::Relaxed);
+        let due = now.saturating_sub(last) >= 100
+            && self
+                .last_full_sweep
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok();
+        due && self.sweep() > 0
     }
 
     fn begin(
@@ -245,7 +253,21 @@ impl Inner {
         lease: Lease,
     ) -> Result<Begin, StoreError> {
         self.limits.check_begin(key, lease)?;
-        let hash = hash_key(&self.hasher, key);
+        match self.try_begin(key, fingerprint, lease) {
+            Err(StoreError::CapacityExceeded { .. }) if self.sweep_when_full() => {
+                self.try_begin(key, fingerprint, lease)
+            }
+            r => r,
+        }
+    }
+
+    fn try_begin(
+        &self,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        lease: Lease,
+    ) -> Result<Begin, StoreError> {
+        let hash = KeyHash::of(&self.hasher, key);
         let mut shard = self.shard(hash).lock();
         let now = self.now();
         let found = shard.find(hash, key);
@@ -258,11 +280,14 @@ impl Inner {
             Some(s) => Current::InProgress {
                 fingerprint: s.fingerprint,
                 lease_expires_at: s.deadline,
-                attempts: s.attempts,
+                attempts: s.attempts(),
             },
         };
         match machine::decide_begin(current, fingerprint, now) {
             Decision::Acquire { attempt } => {
+                if found.is_none() {
+                    self.take_room()?;
+                }
                 let token = self.next_token.fetch_add(1, Ordering::Relaxed);
                 let lease_expires_at = now.after(lease.duration());
                 match found {
@@ -272,23 +297,20 @@ impl Inner {
                         slot.token = token;
                         slot.deadline = lease_expires_at;
                         slot.since = now;
-                        slot.attempts = attempt;
+                        slot.set_attempts(attempt);
                         slot.fingerprint = fingerprint;
                         slot.completed = false;
                     }
                     None => {
-                        self.take_room(&mut shard, now)?;
-                        let slot = Slot {
-                            key: key.encode().into_boxed_slice(),
-                            outcome: None,
+                        shard.insert(Slot::in_progress(
+                            key,
+                            hash,
                             token,
-                            deadline: lease_expires_at,
-                            since: now,
-                            attempts: attempt,
+                            lease_expires_at,
+                            now,
+                            attempt,
                             fingerprint,
-                            completed: false,
-                        };
-                        shard.insert(hash, slot, &self.hasher);
+                        ));
                     }
                 }
                 Ok(Begin::Acquired(Claim {
@@ -316,7 +338,7 @@ impl Inner {
         token: FencingToken,
         op: impl FnOnce(&mut Shard, usize, Timestamp) -> T,
     ) -> Fenced<T> {
-        let hash = hash_key(&self.hasher, key);
+        let hash = KeyHash::of(&self.hasher, key);
         let mut shard = self.shard(hash).lock();
         let now = self.now();
         match shard.find(hash, key) {
@@ -353,7 +375,7 @@ impl Inner {
     fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
         self.limits.check_key(key)?;
         let released = self.with_owned(key, token, |shard, i, _| {
-            shard.remove(i, &self.hasher);
+            shard.remove(i);
         });
         if !released.is_stale() && self.capacity.is_some() {
             self.len.fetch_sub(1, Ordering::Relaxed);
@@ -377,7 +399,7 @@ impl Inner {
 
     fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         self.limits.check_key(key)?;
-        let hash = hash_key(&self.hasher, key);
+        let hash = KeyHash::of(&self.hasher, key);
         let shard = self.shard(hash).lock();
         let now = self.now();
         Ok(shard
