@@ -214,7 +214,7 @@ impl Pages {
     }
 
     fn push(&mut self, slot: Slot) {
-        if self.len % PAGE == 0 {
+        if self.len.is_multiple_of(PAGE) {
             self.pages.push(Vec::with_capacity(PAGE));
         }
         self.pages.last_mut().expect("a page").push(slot);
