@@ -8,10 +8,12 @@ use sha2::{Digest, Sha256};
 
 /// A 128-bit digest of a request's content.
 ///
-/// Two helpers make one: [`Fingerprint::sha256`] (SHA-256 cut to 128 bits:
+/// Two digests make one: [`Fingerprint::sha256`] (SHA-256 cut to 128 bits:
 /// collision-resistant, for content an adversary may choose) and
 /// [`Fingerprint::xxh3`] (XXH3-128: several times faster, for trusted
-/// content). Both are defined on bytes alone, so they are stable across
+/// content), of bytes or of any serde value as canonical JSON
+/// ([`sha256_json`](Fingerprint::sha256_json),
+/// [`xxh3_json`](Fingerprint::xxh3_json)). Both are defined on bytes alone, so they are stable across
 /// versions, platforms and processes. 128 bits keep every record small; a
 /// collision needs about 2^64 tries.
 ///
@@ -38,13 +40,16 @@ impl Fingerprint {
         Self(xxhash_rust::xxh3::xxh3_128(bytes).to_be_bytes())
     }
 
-    /// The SHA-256 fingerprint of `value` serialized as canonical JSON
-    /// (object keys sorted), so that field order and map iteration order do
-    /// not change it.
-    pub fn of_json<T: Serialize + ?Sized>(value: &T) -> Result<Self, serde_json::Error> {
-        // `Value` keeps objects in a sorted map, which makes the text canonical.
-        let canonical = serde_json::to_vec(&serde_json::to_value(value)?)?;
-        Ok(Self::sha256(&canonical))
+    /// [`sha256`](Fingerprint::sha256) of `value` serialized as canonical
+    /// JSON (object keys sorted), so that field order and map iteration order
+    /// do not change it.
+    pub fn sha256_json<T: Serialize + ?Sized>(value: &T) -> Result<Self, serde_json::Error> {
+        Ok(Self::sha256(&canonical_json(value)?))
+    }
+
+    /// [`xxh3`](Fingerprint::xxh3) of `value` serialized as canonical JSON.
+    pub fn xxh3_json<T: Serialize + ?Sized>(value: &T) -> Result<Self, serde_json::Error> {
+        Ok(Self::xxh3(&canonical_json(value)?))
     }
 
     /// Wraps 16 bytes that already are a fingerprint (read back from storage).
@@ -61,6 +66,11 @@ impl Fingerprint {
     pub fn to_hex(self) -> String {
         hex::encode(self.0)
     }
+}
+
+/// `Value` keeps objects in a sorted map, which makes its text canonical.
+fn canonical_json<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(&serde_json::to_value(value)?)
 }
 
 impl fmt::Debug for Fingerprint {
@@ -96,14 +106,14 @@ mod tests {
     fn json_fingerprint_ignores_map_order() {
         let a: serde_json::Value = serde_json::from_str(r#"{"a":1,"b":[1,2]}"#).unwrap();
         let b: serde_json::Value = serde_json::from_str(r#"{"b":[1,2],"a":1}"#).unwrap();
-        assert_eq!(
-            Fingerprint::of_json(&a).unwrap(),
-            Fingerprint::of_json(&b).unwrap()
-        );
         let c: serde_json::Value = serde_json::from_str(r#"{"b":[2,1],"a":1}"#).unwrap();
+        for f in [Fingerprint::sha256_json, Fingerprint::xxh3_json] {
+            assert_eq!(f(&a).unwrap(), f(&b).unwrap());
+            assert_ne!(f(&a).unwrap(), f(&c).unwrap());
+        }
         assert_ne!(
-            Fingerprint::of_json(&a).unwrap(),
-            Fingerprint::of_json(&c).unwrap()
+            Fingerprint::sha256_json(&a).unwrap(),
+            Fingerprint::xxh3_json(&a).unwrap()
         );
     }
 }

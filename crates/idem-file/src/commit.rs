@@ -9,7 +9,7 @@
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use fjall::{Database, Keyspace, PersistMode};
+use fjall::{Database, Keyspace, PersistMode, Slice};
 use tokio::sync::oneshot;
 
 /// How an acknowledged `complete` is made durable.
@@ -29,11 +29,12 @@ pub enum Durability {
     Buffered,
 }
 
-/// One completed record to write, with its expiry index entry.
+/// One completed record to write, with its expiry index entry. Built by the
+/// caller as engine slices, so the committer thread only moves them.
 pub struct Put {
-    pub key: Box<[u8]>,
-    pub value: Vec<u8>,
-    pub expiry: Vec<u8>,
+    pub key: Slice,
+    pub value: Slice,
+    pub expiry: Slice,
 }
 
 pub struct Job {
@@ -70,7 +71,7 @@ pub fn spawn(
                         Err(_) => break,
                     }
                 }
-                let result = write_group(&db, &records, &expiry, &group, durability)
+                let result = write_group(&db, &records, &expiry, &mut group, durability)
                     .map_err(|e| e.to_string());
                 for job in group {
                     let _ = job.done.send(result.clone());
@@ -84,13 +85,13 @@ fn write_group(
     db: &Database,
     records: &Keyspace,
     expiry: &Keyspace,
-    group: &[Job],
+    group: &mut [Job],
     durability: Durability,
 ) -> fjall::Result<()> {
     let mut batch = db.batch();
-    for put in group.iter().flat_map(|j| &j.puts) {
-        batch.insert(records, &put.key[..], &put.value[..]);
-        batch.insert(expiry, &put.expiry[..], &[][..]);
+    for put in group.iter_mut().flat_map(|j| j.puts.drain(..)) {
+        batch.insert(records, put.key, put.value);
+        batch.insert(expiry, put.expiry, Slice::empty());
     }
     batch.commit()?;
     // The journal is persisted by hand (`manual_journal_persist`): even the

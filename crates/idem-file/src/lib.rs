@@ -197,12 +197,8 @@ impl FileStoreBuilder {
             .manual_journal_persist(true)
             .open()
             .map_err(engine)?;
-        let records = db
-            .keyspace("records", KeyspaceCreateOptions::default)
-            .map_err(engine)?;
-        let expiry = db
-            .keyspace("expiry", KeyspaceCreateOptions::default)
-            .map_err(engine)?;
+        let records = db.keyspace("records", keyspace_options).map_err(engine)?;
+        let expiry = db.keyspace("expiry", keyspace_options).map_err(engine)?;
         let meta = db
             .keyspace("meta", KeyspaceCreateOptions::default)
             .map_err(engine)?;
@@ -276,6 +272,15 @@ impl FileStore {
             .persist(PersistMode::SyncAll)
             .map_err(StoreError::unavailable)
     }
+}
+
+/// Memtables of 8 MiB instead of fjall's 64: every write searches the
+/// memtable's skip list, and measured here a smaller one takes inserts about
+/// 40 % faster, at the price of more frequent (background) flushes.
+pub const MEMTABLE_BYTES: u64 = 8 << 20;
+
+fn keyspace_options() -> KeyspaceCreateOptions {
+    KeyspaceCreateOptions::default().max_memtable_size(MEMTABLE_BYTES)
 }
 
 fn corrupt(key: &[u8], detail: impl std::fmt::Display) -> StoreError {
@@ -407,9 +412,9 @@ impl Inner {
             expires_at: now.after(retention),
         };
         Some(Put {
-            expiry: expiry_key(record.expires_at, &enc),
-            value: encode_completed(&record),
-            key: enc,
+            expiry: expiry_key(record.expires_at, &enc).into(),
+            value: encode_completed(&record).into(),
+            key: enc.into_vec().into(),
         })
     }
 

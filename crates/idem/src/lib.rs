@@ -1,1 +1,27 @@
+//! idem makes at-least-once delivery safe: however often a message or request
+//! arrives, its business effect happens once.
+//!
+//! This crate gathers idem's parts behind features:
+//! - always: the record, the [`Store`] contract, the [`Guard`] and the
+//!   [`MemoryStore`] (from `idem-core`);
+//! - `file` (default): [`FileStore`], the embedded durable store.
+//!
+//! ```no_run
+//! use idem::{FileStore, Guard, Key, Lease};
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let guard = Guard::new(FileStore::open("./idem-data")?).lease(Lease::from_secs(30));
+//! let key = Key::new("payments", "charge-42")?;
+//! let receipt: String = guard
+//!     .run(&key, None, |claim| async move {
+//!         // Charge the card once; hand `claim.token()` to a sink that checks it.
+//!         Ok::<_, std::io::Error>(format!("charged by holder {:?}", claim.token()))
+//!     })
+//!     .await?;
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
 
+pub use idem_core::*;
+
+#[cfg(feature = "file")]
+pub use idem_file::{Durability, FileStore, FileStoreBuilder, OpenError};
