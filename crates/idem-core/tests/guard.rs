@@ -263,7 +263,7 @@ async fn success_after_a_takeover_reports_the_lost_lease() {
             Ok::<_, String>(1)
         })
         .await;
-    assert!(matches!(r, Err(GuardError::LeaseLost)));
+    assert!(matches!(&r, Err(GuardError::LeaseLost { outcome }) if &outcome[..] == b"1"));
     assert_eq!(r.unwrap_err().disposition(), Disposition::Ack);
 }
 

@@ -3,7 +3,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::{InvalidInput, StoreError};
+use bytes::Bytes;
+
+use crate::{BoxError, InvalidInput, StoreError};
 
 /// Why [`Guard::run`](super::Guard::run) did not return a value.
 ///
@@ -23,12 +25,16 @@ pub enum GuardError<E> {
     /// any), so a redelivery runs it again.
     Handler(E),
     /// The handler succeeded, but its lease was lost before the outcome could
-    /// be stored: another holder has taken over the key.
-    LeaseLost,
+    /// be stored: another holder has taken over the key. `outcome` is what
+    /// would have been stored (decode it with the codec to recover the value).
+    LeaseLost {
+        /// The encoded outcome.
+        outcome: Bytes,
+    },
     /// The key, lease, retention or outcome was refused.
     Invalid(InvalidInput),
-    /// The outcome could not be serialized, or a stored one not read back.
-    Outcome(serde_json::Error),
+    /// The outcome could not be encoded, or a stored one not decoded.
+    Outcome(BoxError),
     /// The store failed; nothing ran (the guard fails closed), or the outcome
     /// could not be stored and the claim will expire.
     Store(StoreError),
@@ -57,7 +63,7 @@ impl<E> GuardError<E> {
             },
             GuardError::Handler(_) => Disposition::RetryLater { after: None },
             GuardError::Store(e) if e.is_transient() => Disposition::RetryLater { after: None },
-            GuardError::LeaseLost => Disposition::Ack,
+            GuardError::LeaseLost { .. } => Disposition::Ack,
             GuardError::Mismatch
             | GuardError::Invalid(_)
             | GuardError::Outcome(_)
@@ -84,11 +90,11 @@ impl<E: fmt::Display> fmt::Display for GuardError<E> {
                 "this key was used before with different content (fingerprint mismatch)",
             ),
             GuardError::Handler(e) => write!(f, "handler failed: {e}"),
-            GuardError::LeaseLost => f.write_str(
+            GuardError::LeaseLost { .. } => f.write_str(
                 "the lease was lost before the outcome was stored; another holder has the key",
             ),
             GuardError::Invalid(e) => write!(f, "{e}"),
-            GuardError::Outcome(e) => write!(f, "outcome (de)serialization failed: {e}"),
+            GuardError::Outcome(e) => write!(f, "outcome encoding or decoding failed: {e}"),
             GuardError::Store(e) => write!(f, "{e}"),
         }
     }
@@ -99,7 +105,7 @@ impl<E: std::error::Error + 'static> std::error::Error for GuardError<E> {
         match self {
             GuardError::Handler(e) => Some(e),
             GuardError::Invalid(e) => Some(e),
-            GuardError::Outcome(e) => Some(e),
+            GuardError::Outcome(e) => Some(e.as_ref()),
             GuardError::Store(e) => Some(e),
             _ => None,
         }

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use self::error::{Disposition, GuardError};
-use crate::{Begin, Claim, Fenced, FencingToken, Fingerprint, Key, Lease, Store};
+use crate::{Begin, BoxError, Claim, Fenced, FencingToken, Fingerprint, Key, Lease, Store};
 
 /// Runs handlers under a claim, so that however often a key is delivered its
 /// handler's effect happens once and every duplicate gets the first outcome.
@@ -165,6 +165,26 @@ impl<S: Store + Clone> Guard<S> {
         C: FnOnce(Failure<'_, E>) -> CFut,
         CFut: Future<Output = ()>,
     {
+        self.run_with(&Json, key, fingerprint, handler, compensate)
+            .await
+    }
+
+    /// The general form: outcomes are stored with `codec` instead of JSON.
+    pub async fn run_with<T, E, F, Fut, C, CFut, K>(
+        &self,
+        codec: &K,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        handler: F,
+        compensate: C,
+    ) -> Result<T, GuardError<E>>
+    where
+        F: FnOnce(ClaimHandle) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        K: Codec<T>,
+        C: FnOnce(Failure<'_, E>) -> CFut,
+        CFut: Future<Output = ()>,
+    {
         let begun = match self.store.begin(key, fingerprint, self.lease).await {
             Ok(b) => b,
             Err(e) if self.fail_open && e.is_transient() => {
@@ -180,15 +200,18 @@ impl<S: Store + Clone> Guard<S> {
             Err(e) => return Err(GuardError::from_store(e)),
         };
         match begun {
-            Begin::Completed { outcome, .. } => decode(outcome.as_deref()),
+            Begin::Completed { outcome, .. } => codec
+                .decode(outcome.as_deref())
+                .map_err(|e| GuardError::Outcome(e.into())),
             Begin::InProgress { retry_after } => Err(GuardError::InProgress { retry_after }),
             Begin::Mismatch => Err(GuardError::Mismatch),
-            Begin::Acquired(claim) => self.hold(key, claim, handler, compensate).await,
+            Begin::Acquired(claim) => self.hold(codec, key, claim, handler, compensate).await,
         }
     }
 
-    async fn hold<T, E, F, Fut, C, CFut>(
+    async fn hold<T, E, F, Fut, C, CFut, K>(
         &self,
+        codec: &K,
         key: &Key,
         claim: Claim,
         handler: F,
@@ -197,7 +220,7 @@ impl<S: Store + Clone> Guard<S> {
     where
         F: FnOnce(ClaimHandle) -> Fut,
         Fut: Future<Output = Result<T, E>>,
-        T: Serialize + DeserializeOwned,
+        K: Codec<T>,
         C: FnOnce(Failure<'_, E>) -> CFut,
         CFut: Future<Output = ()>,
     {
@@ -224,15 +247,21 @@ impl<S: Store + Clone> Guard<S> {
         };
         match result {
             Ok(Ok(value)) => {
-                let stored = self.store_outcome(key, claim.token, &value).await;
-                match stored {
+                let outcome = match codec.encode(&value) {
+                    Ok(bytes) => bytes,
+                    Err(e) => {
+                        held.release().await;
+                        return Err(GuardError::Outcome(e.into()));
+                    }
+                };
+                match self.store_outcome(key, claim.token, outcome.clone()).await {
                     Ok(Fenced::Ok(())) => {
                         held.disarm();
                         Ok(value)
                     }
                     Ok(Fenced::Stale) => {
                         held.disarm();
-                        Err(GuardError::LeaseLost)
+                        Err(GuardError::LeaseLost { outcome })
                     }
                     // Refused outcome: release so the key is not stuck.
                     Err(e @ (GuardError::Invalid(_) | GuardError::Outcome(_))) => {
@@ -259,13 +288,12 @@ impl<S: Store + Clone> Guard<S> {
         }
     }
 
-    async fn store_outcome<T: Serialize, E>(
+    async fn store_outcome<E>(
         &self,
         key: &Key,
         token: FencingToken,
-        value: &T,
+        outcome: Bytes,
     ) -> Result<Fenced, GuardError<E>> {
-        let outcome = Bytes::from(serde_json::to_vec(value).map_err(GuardError::Outcome)?);
         self.store
             .limits()
             .check_outcome(Some(&outcome))
@@ -314,8 +342,28 @@ impl<S: Store + Clone> Guard<S> {
     }
 }
 
-fn decode<T: DeserializeOwned, E>(outcome: Option<&[u8]>) -> Result<T, GuardError<E>> {
-    serde_json::from_slice(outcome.unwrap_or(b"null")).map_err(GuardError::Outcome)
+/// How the guard turns a handler's value into stored bytes and back.
+pub trait Codec<T> {
+    /// Why a value could not be encoded or decoded.
+    type Error: Into<BoxError>;
+    /// The bytes to store for `value`.
+    fn encode(&self, value: &T) -> Result<Bytes, Self::Error>;
+    /// The value a duplicate gets back; `None` when no outcome was stored.
+    fn decode(&self, stored: Option<&[u8]>) -> Result<T, Self::Error>;
+}
+
+/// Outcomes as JSON (serde): what [`Guard::run`] uses.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Json;
+
+impl<T: Serialize + DeserializeOwned> Codec<T> for Json {
+    type Error = serde_json::Error;
+    fn encode(&self, value: &T) -> Result<Bytes, serde_json::Error> {
+        serde_json::to_vec(value).map(Bytes::from)
+    }
+    fn decode(&self, stored: Option<&[u8]>) -> Result<T, serde_json::Error> {
+        serde_json::from_slice(stored.unwrap_or(b"null"))
+    }
 }
 
 /// Releases the claim unless disarmed: when the handler fails, and when the
