@@ -30,7 +30,7 @@ pub use record::{
     Begin, BeginItem, Claim, CompleteItem, Completed, Entry, Fenced, FencingToken, InProgress,
     Lease, Record, RecordState, ScanQuery,
 };
-pub use store::{DynStore, Store};
+pub use store::{DynStore, SharedStore, Store};
 pub use time::{Clock, ManualClock, SharedClock, SystemClock, Timestamp};
 
 pub use bytes::Bytes;

@@ -86,8 +86,12 @@ pub trait Store: Send + Sync + 'static {
     fn limits(&self) -> &Limits;
 }
 
+/// A store chosen at run time: itself a [`Store`].
+pub type SharedStore = Arc<dyn DynStore>;
+
 /// [`Store`] with boxed futures, for choosing a store at run time:
-/// `Arc<dyn DynStore>` is itself a `Store`.
+/// `Arc<dyn DynStore>` ([`SharedStore`]) is itself a `Store`. Import
+/// `Store`, not this, to call the operations.
 #[allow(missing_docs)]
 pub trait DynStore: Send + Sync + 'static {
     fn begin<'a>(

@@ -1,0 +1,193 @@
+//! Errors as `application/problem+json` (RFC 9457), each with a stable
+//! `type`.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode, header};
+use idem_core::{InvalidInput, StoreError};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// An error answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Problem {
+    /// A stable identifier of the kind of problem, e.g.
+    /// `urn:idem:problem:stale-token`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// A short summary of the kind.
+    pub title: &'static str,
+    /// The HTTP status.
+    pub status: u16,
+    /// What went wrong this time, and what to change.
+    pub detail: String,
+    #[serde(skip)]
+    #[schema(ignore)]
+    retry_after: Option<Duration>,
+    #[serde(skip)]
+    #[schema(ignore)]
+    www_authenticate: bool,
+}
+
+impl Problem {
+    /// A problem of kind `urn:idem:problem:{slug}`.
+    pub fn new(
+        status: StatusCode,
+        slug: &str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            kind: format!("urn:idem:problem:{slug}"),
+            title,
+            status: status.as_u16(),
+            detail: detail.into(),
+            retry_after: None,
+            www_authenticate: false,
+        }
+    }
+
+    /// 400: the request could not be read (not JSON, wrong fields).
+    pub fn malformed(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "malformed-request",
+            "Malformed request",
+            detail,
+        )
+    }
+
+    /// 400 or 413: the store refused the input.
+    pub fn invalid(e: &InvalidInput) -> Self {
+        let too_large = |e: &InvalidInput| {
+            matches!(
+                e,
+                InvalidInput::OutcomeTooLarge { .. } | InvalidInput::BatchTooLarge { .. }
+            )
+        };
+        let large = match e {
+            InvalidInput::InItem { error, .. } => too_large(error),
+            e => too_large(e),
+        };
+        if large {
+            Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too-large",
+                "Too large",
+                e.to_string(),
+            )
+        } else {
+            Self::new(
+                StatusCode::BAD_REQUEST,
+                "invalid-input",
+                "Invalid input",
+                e.to_string(),
+            )
+        }
+    }
+
+    /// 413: the body is over the server's limit.
+    pub fn body_too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too-large",
+            "Too large",
+            format!("the request body is over the limit of {limit} bytes (set `max_body_bytes`)"),
+        )
+    }
+
+    /// 409: the token does not own the key.
+    pub fn stale(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "stale-token", "Stale token", detail)
+    }
+
+    /// 404.
+    pub fn not_found(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not-found", "Not found", detail)
+    }
+
+    /// 405.
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method-not-allowed",
+            "Method not allowed",
+            "this path does not take that method; see /openapi.json",
+        )
+    }
+
+    /// 401: no bearer token, or an unknown one.
+    pub fn unauthorized(detail: impl Into<String>) -> Self {
+        let mut p = Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "Unauthorized",
+            detail,
+        );
+        p.www_authenticate = true;
+        p
+    }
+
+    /// 403: the token may not use this namespace.
+    pub fn forbidden(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", "Forbidden", detail)
+    }
+
+    /// 503 with `Retry-After`, or 400/413 for refused input.
+    pub fn store(e: StoreError) -> Self {
+        match e {
+            StoreError::Invalid(e) => Self::invalid(&e),
+            StoreError::CapacityExceeded { .. } => {
+                let mut p = Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "capacity-exceeded",
+                    "Store full",
+                    e.to_string(),
+                );
+                p.retry_after = Some(Duration::from_secs(1));
+                p
+            }
+            e => {
+                let mut p = Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store-unavailable",
+                    "Store unavailable",
+                    e.to_string(),
+                );
+                p.retry_after = Some(Duration::from_secs(1));
+                p
+            }
+        }
+    }
+}
+
+impl Problem {
+    /// Adds a `Retry-After` header (whole seconds, at least 1).
+    pub fn retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let (retry_after, www_authenticate) = (self.retry_after, self.www_authenticate);
+        let mut response = (status, Json(self)).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(after) = retry_after {
+            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+            headers.insert(header::RETRY_AFTER, secs.max(1).into());
+        }
+        if www_authenticate {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}

@@ -1,0 +1,206 @@
+//! The JSON the service speaks (DESIGN.md §5). Times are milliseconds since
+//! the Unix epoch on the store's clock; durations are milliseconds.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// `POST /v1/{ns}/begin`, and one item of `begin-batch`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BeginRequest {
+    /// The idempotency key: 1 to 255 bytes of UTF-8 by default.
+    pub key: String,
+    /// Any string that identifies the content (a hash of the payload, say).
+    /// The same key with another fingerprint is a `mismatch`.
+    #[serde(default)]
+    pub fingerprint: Option<String>,
+    /// How long the claim lasts without `extend`; the server's default
+    /// (30 000) when absent. From 1 ms up to the server's limit (7 days).
+    #[serde(default)]
+    pub lease_ms: Option<u64>,
+}
+
+/// The answer of `begin`: one of four, told apart by `status`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum BeginAnswer {
+    /// The caller holds the key: do the work, then `complete` or `release`.
+    Acquired {
+        /// The fencing token for `complete`, `release` and `extend`.
+        token: u64,
+        /// When the lease runs out unless extended.
+        lease_expires_at_ms: u64,
+        /// 1, or more after takeovers of expired leases.
+        attempt: u32,
+    },
+    /// Another holder is working on it: try again after `retry_after_ms`.
+    InProgress {
+        /// Time left on the other holder's lease.
+        retry_after_ms: u64,
+    },
+    /// Done before: here is the stored outcome. Do not do it again.
+    Completed {
+        /// The outcome given to `complete` (`null` when none was).
+        #[schema(value_type = Object, nullable = true)]
+        outcome: serde_json::Value,
+        /// When it was completed.
+        completed_at_ms: u64,
+    },
+    /// The key was used before with another fingerprint.
+    Mismatch,
+}
+
+/// `POST /v1/{ns}/complete`, and one item of `complete-batch`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteRequest {
+    /// The key.
+    pub key: String,
+    /// The token `begin` returned.
+    pub token: u64,
+    /// Any JSON value, returned to every duplicate (1 MiB at most, as JSON).
+    #[serde(default)]
+    #[schema(value_type = Object, nullable = true)]
+    pub outcome: Option<serde_json::Value>,
+    /// How long to remember the completion; the server's default (24 h)
+    /// when absent.
+    #[serde(default)]
+    pub retention_ms: Option<u64>,
+}
+
+/// `POST /v1/{ns}/release`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    /// The key.
+    pub key: String,
+    /// The token `begin` returned.
+    pub token: u64,
+}
+
+/// `POST /v1/{ns}/extend`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExtendRequest {
+    /// The key.
+    pub key: String,
+    /// The token `begin` returned.
+    pub token: u64,
+    /// The new lease, from now; the server's default when absent.
+    #[serde(default)]
+    pub lease_ms: Option<u64>,
+}
+
+/// A successful `complete`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CompleteAnswer {
+    /// Always `completed`.
+    #[schema(example = "completed")]
+    pub status: &'static str,
+}
+
+/// A successful `release`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReleaseAnswer {
+    /// Always `released`.
+    #[schema(example = "released")]
+    pub status: &'static str,
+}
+
+/// A successful `extend`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExtendAnswer {
+    /// Always `extended`.
+    #[schema(example = "extended")]
+    pub status: &'static str,
+    /// The new end of the lease.
+    pub lease_expires_at_ms: u64,
+}
+
+/// `POST /v1/{ns}/begin-batch`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BeginBatch {
+    /// Up to 10 000 items (the server's `max_batch`).
+    pub items: Vec<BeginRequest>,
+}
+
+/// `POST /v1/{ns}/complete-batch`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteBatch {
+    /// Up to 10 000 items (the server's `max_batch`).
+    pub items: Vec<CompleteRequest>,
+}
+
+/// The answers of `begin-batch`, one per item, in order.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BeginBatchAnswer {
+    /// One per item, in order.
+    pub results: Vec<BeginAnswer>,
+}
+
+/// One answer of `complete-batch`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum CompleteItemAnswer {
+    /// The outcome was stored.
+    Completed,
+    /// The token did not own the key: nothing changed.
+    Stale,
+}
+
+/// The answers of `complete-batch`, one per item, in order.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CompleteBatchAnswer {
+    /// One per item, in order.
+    pub results: Vec<CompleteItemAnswer>,
+}
+
+/// `GET /v1/{ns}/record?key=K`: a record as stored.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum RecordAnswer {
+    /// Someone holds the key.
+    InProgress {
+        /// The holder's token.
+        token: u64,
+        /// The stored fingerprint digest (hex), if one was given.
+        fingerprint: Option<String>,
+        /// When the lease runs out.
+        lease_expires_at_ms: u64,
+        /// Acquisitions so far.
+        attempts: u32,
+        /// When the current holder acquired it.
+        started_at_ms: u64,
+    },
+    /// Done, with its outcome.
+    Completed {
+        /// The token that completed it.
+        token: u64,
+        /// The stored fingerprint digest (hex), if one was given.
+        fingerprint: Option<String>,
+        /// The stored outcome.
+        #[schema(value_type = Object, nullable = true)]
+        outcome: serde_json::Value,
+        /// When it was completed.
+        completed_at_ms: u64,
+        /// When it will be forgotten.
+        expires_at_ms: u64,
+    },
+}
+
+/// `GET /v1/{ns}/record` query.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RecordQuery {
+    /// The key to look up.
+    pub key: String,
+}
+
+/// `GET /healthz` and `GET /readyz`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok`.
+    pub status: &'static str,
+}

@@ -1,0 +1,21 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures_util::future::BoxFuture;
+use http::Response;
+
+use super::GatewayBody;
+
+/// The response future of [`Idempotency`](super::Idempotency).
+pub struct ResponseFuture<E> {
+    pub(super) inner: BoxFuture<'static, Result<Response<GatewayBody>, E>>,
+}
+
+impl<E> Future for ResponseFuture<E> {
+    type Output = Result<Response<GatewayBody>, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}

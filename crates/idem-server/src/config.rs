@@ -1,0 +1,305 @@
+//! Settings: flags override `IDEM_*` environment variables, which override
+//! the TOML file named by `--config`, which overrides the defaults.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use idem_core::Limits;
+use idem_http::api::{Auth, Grant, Namespaces};
+use serde::Deserialize;
+
+/// Settings `serve` and `proxy` share.
+#[derive(Args, Debug, Default)]
+pub struct CommonArgs {
+    /// A TOML file of settings (same names as the flags, with `_` for `-`).
+    #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Where records live: file://PATH (default file://./idem-data) or memory://.
+    #[arg(long, env = "IDEM_STORE", value_name = "URL")]
+    pub store: Option<String>,
+    /// How the file store makes completions durable [default: group].
+    #[arg(long, env = "IDEM_DURABILITY", value_enum)]
+    pub durability: Option<DurabilityArg>,
+    /// PEM certificate chain: serve HTTPS (with --tls-key).
+    #[arg(long, env = "IDEM_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "IDEM_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// Largest request body in bytes [default: 16777216].
+    #[arg(long, env = "IDEM_MAX_BODY_BYTES", value_name = "BYTES")]
+    pub max_body_bytes: Option<usize>,
+    /// Longest key in bytes [default: 255].
+    #[arg(long, env = "IDEM_MAX_KEY_BYTES", value_name = "BYTES")]
+    pub max_key_bytes: Option<usize>,
+    /// Largest stored outcome in bytes [default: 1048576].
+    #[arg(long, env = "IDEM_MAX_OUTCOME_BYTES", value_name = "BYTES")]
+    pub max_outcome_bytes: Option<usize>,
+    /// Most items in one batch request [default: 10000].
+    #[arg(long, env = "IDEM_MAX_BATCH", value_name = "ITEMS")]
+    pub max_batch: Option<usize>,
+    /// Longest lease a client may ask for, in ms [default: 604800000, 7 days].
+    #[arg(long, env = "IDEM_MAX_LEASE_MS", value_name = "MS")]
+    pub max_lease_ms: Option<u64>,
+    /// Lease when a request names none, in ms [default: 30000].
+    #[arg(long, env = "IDEM_DEFAULT_LEASE_MS", value_name = "MS")]
+    pub default_lease_ms: Option<u64>,
+    /// Retention of completed records when a request names none, in ms
+    /// [default: 86400000, 24 h].
+    #[arg(long, env = "IDEM_DEFAULT_RETENTION_MS", value_name = "MS")]
+    pub default_retention_ms: Option<u64>,
+    /// Require a bearer token: NAMESPACES=TOKEN, where NAMESPACES is a
+    /// comma-separated list or `*` for all. Repeat the flag for more tokens;
+    /// in IDEM_AUTH_TOKENS separate them with `;`.
+    #[arg(
+        long = "auth-token",
+        env = "IDEM_AUTH_TOKENS",
+        value_delimiter = ';',
+        value_name = "NAMESPACES=TOKEN"
+    )]
+    pub auth_tokens: Vec<String>,
+    /// Log filter, e.g. `info` or `idem=debug` [default: info,fjall=warn,lsm_tree=warn].
+    #[arg(long, env = "IDEM_LOG", value_name = "FILTER")]
+    pub log: Option<String>,
+}
+
+/// `--durability`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DurabilityArg {
+    /// Concurrent completions share one fsync.
+    Group,
+    /// One fsync per completion.
+    Immediate,
+    /// No fsync: survives a killed process, not a power loss.
+    Buffered,
+}
+
+/// The TOML file: every field optional, unknown fields refused.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSettings {
+    pub listen: Option<String>,
+    pub store: Option<String>,
+    pub durability: Option<DurabilityArg>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub max_body_bytes: Option<usize>,
+    pub max_key_bytes: Option<usize>,
+    pub max_outcome_bytes: Option<usize>,
+    pub max_batch: Option<usize>,
+    pub max_lease_ms: Option<u64>,
+    pub default_lease_ms: Option<u64>,
+    pub default_retention_ms: Option<u64>,
+    #[serde(default)]
+    pub auth: Vec<AuthEntry>,
+    pub log: Option<String>,
+    /// `proxy` only.
+    pub upstream: Option<String>,
+    /// `proxy` only.
+    pub require_key: Option<bool>,
+    /// `proxy` only.
+    pub keyless_window_ms: Option<u64>,
+}
+
+/// `[[auth]]` in the file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthEntry {
+    pub token: String,
+    pub namespaces: Vec<String>,
+}
+
+/// A configuration error: which setting, and what is wrong with it.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid setting `{field}`: {problem}")]
+pub struct ConfigError {
+    pub field: &'static str,
+    pub problem: String,
+}
+
+pub fn bad(field: &'static str, problem: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field,
+        problem: problem.into(),
+    }
+}
+
+/// Reads `--config`, if given.
+pub fn read_file(path: Option<&Path>) -> Result<FileSettings, ConfigError> {
+    let Some(path) = path else {
+        return Ok(FileSettings::default());
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| bad("config", format!("cannot read {}: {e}", path.display())))?;
+    toml::from_str(&text).map_err(|e| bad("config", format!("{}: {e}", path.display())))
+}
+
+/// What both commands need, resolved.
+#[derive(Debug)]
+pub struct Common {
+    pub listen: SocketAddr,
+    pub store: String,
+    pub durability: DurabilityArg,
+    pub tls: Option<(PathBuf, PathBuf)>,
+    pub limits: Limits,
+    pub max_body_bytes: usize,
+    pub default_lease: Duration,
+    pub default_retention: Duration,
+    pub auth: Auth,
+    pub log: String,
+}
+
+pub fn resolve_common(
+    args: CommonArgs,
+    listen_flag: Option<String>,
+    default_listen: &str,
+    file: &FileSettings,
+) -> Result<Common, ConfigError> {
+    let listen_text = listen_flag
+        .or_else(|| file.listen.clone())
+        .unwrap_or_else(|| default_listen.to_owned());
+    let listen = listen_text.parse().map_err(|_| {
+        bad(
+            "listen",
+            format!("{listen_text:?} is not an address; give host:port, e.g. {default_listen}"),
+        )
+    })?;
+    let defaults = Limits::default();
+    let limits = Limits {
+        max_key_bytes: args
+            .max_key_bytes
+            .or(file.max_key_bytes)
+            .unwrap_or(defaults.max_key_bytes),
+        max_lease: args
+            .max_lease_ms
+            .or(file.max_lease_ms)
+            .map_or(defaults.max_lease, Duration::from_millis),
+        max_outcome_bytes: args
+            .max_outcome_bytes
+            .or(file.max_outcome_bytes)
+            .unwrap_or(defaults.max_outcome_bytes),
+        max_batch: args
+            .max_batch
+            .or(file.max_batch)
+            .unwrap_or(defaults.max_batch),
+        ..defaults
+    };
+    if limits.max_key_bytes == 0 {
+        return Err(bad("max_key_bytes", "must be at least 1"));
+    }
+    if limits.max_lease.is_zero() {
+        return Err(bad("max_lease_ms", "must be at least 1"));
+    }
+    let default_lease = Duration::from_millis(
+        args.default_lease_ms
+            .or(file.default_lease_ms)
+            .unwrap_or(30_000),
+    );
+    if default_lease.is_zero() || default_lease > limits.max_lease {
+        return Err(bad(
+            "default_lease_ms",
+            format!(
+                "must be from 1 to max_lease_ms ({} ms)",
+                limits.max_lease.as_millis()
+            ),
+        ));
+    }
+    let default_retention = Duration::from_millis(
+        args.default_retention_ms
+            .or(file.default_retention_ms)
+            .unwrap_or(24 * 3600 * 1000),
+    );
+    if default_retention.is_zero() || default_retention > limits.max_retention {
+        return Err(bad(
+            "default_retention_ms",
+            format!("must be from 1 to {} ms", limits.max_retention.as_millis()),
+        ));
+    }
+    let max_body_bytes = args
+        .max_body_bytes
+        .or(file.max_body_bytes)
+        .unwrap_or(16 * 1024 * 1024);
+    if max_body_bytes == 0 {
+        return Err(bad("max_body_bytes", "must be at least 1"));
+    }
+    let tls = match (
+        args.tls_cert.or(file.tls_cert.clone()),
+        args.tls_key.or(file.tls_key.clone()),
+    ) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        (Some(_), None) => return Err(bad("tls_key", "tls_cert is set, so tls_key must be too")),
+        (None, Some(_)) => return Err(bad("tls_cert", "tls_key is set, so tls_cert must be too")),
+    };
+    let mut grants = Vec::new();
+    for spec in args.auth_tokens.iter().filter(|s| !s.trim().is_empty()) {
+        let Some((namespaces, token)) = spec.split_once('=') else {
+            return Err(bad(
+                "auth_tokens",
+                format!("{:?} is not NAMESPACES=TOKEN", redact(spec)),
+            ));
+        };
+        grants.push(grant(
+            "auth_tokens",
+            token,
+            namespaces.split(',').map(str::to_owned).collect(),
+        )?);
+    }
+    if args.auth_tokens.is_empty() {
+        for entry in &file.auth {
+            grants.push(grant("auth", &entry.token, entry.namespaces.clone())?);
+        }
+    }
+    Ok(Common {
+        listen,
+        store: args
+            .store
+            .or(file.store.clone())
+            .unwrap_or_else(|| "file://./idem-data".to_owned()),
+        durability: args
+            .durability
+            .or(file.durability)
+            .unwrap_or(DurabilityArg::Group),
+        tls,
+        limits,
+        max_body_bytes,
+        default_lease,
+        default_retention,
+        auth: Auth::new(grants),
+        log: args
+            .log
+            .or(file.log.clone())
+            .unwrap_or_else(|| "info,fjall=warn,lsm_tree=warn".to_owned()),
+    })
+}
+
+fn redact(spec: &str) -> String {
+    match spec.split_once('=') {
+        Some((ns, _)) => format!("{ns}=<token>"),
+        None => "<token>".to_owned(),
+    }
+}
+
+fn grant(field: &'static str, token: &str, namespaces: Vec<String>) -> Result<Grant, ConfigError> {
+    let token = token.trim();
+    if token.len() < 16 {
+        return Err(bad(field, "a token must be at least 16 characters"));
+    }
+    let namespaces: Vec<String> = namespaces
+        .into_iter()
+        .map(|n| n.trim().to_owned())
+        .collect();
+    if namespaces.iter().any(|n| n == "*") {
+        return Ok(Grant::new(token, Namespaces::All));
+    }
+    for n in &namespaces {
+        idem_core::Namespace::new(n).map_err(|e| bad(field, e.to_string()))?;
+    }
+    if namespaces.is_empty() {
+        return Err(bad(field, "name at least one namespace, or `*`"));
+    }
+    Ok(Grant::new(token, Namespaces::Only(namespaces)))
+}

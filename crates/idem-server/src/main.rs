@@ -1,0 +1,167 @@
+//! `idem`: the idem service and gateway.
+//!
+//! - `idem serve`: the HTTP API (begin, complete, release, extend, batches,
+//!   record lookup, health, metrics, OpenAPI) over a store chosen by URL.
+//! - `idem proxy --upstream URL`: the Idempotency-Key gateway in front of any
+//!   HTTP service.
+
+mod config;
+mod proxy;
+mod serve;
+mod store_url;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "idem",
+    version,
+    about = "Make at-least-once delivery safe: however often a request or message arrives, its effect happens once.",
+    long_about = None,
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the HTTP API for clients in any language.
+    Serve(serve::ServeArgs),
+    /// Put the Idempotency-Key gateway in front of an HTTP service.
+    Proxy(proxy::ProxyArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("idem: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve(args) => serve::run(args).await,
+            Command::Proxy(args) => proxy::run(args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Config(e)) => {
+            eprintln!("idem: {e}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Run(e)) => {
+            eprintln!("idem: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Why a command stopped.
+pub enum Failure {
+    /// Bad settings: nothing was started.
+    Config(config::ConfigError),
+    /// Something failed while running.
+    Run(String),
+}
+
+impl From<config::ConfigError> for Failure {
+    fn from(e: config::ConfigError) -> Self {
+        Failure::Config(e)
+    }
+}
+
+/// Logs to stderr with `filter`.
+pub fn init_logging(filter: &str) -> Result<(), config::ConfigError> {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .map_err(|e| config::bad("log", format!("{filter:?} is not a log filter: {e}")))?;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+    Ok(())
+}
+
+/// Serves `app` on `common.listen` (HTTPS when TLS is configured) until
+/// SIGINT or SIGTERM; then stops accepting, lets in-flight requests finish
+/// (up to 30 s) and returns.
+pub async fn serve_until_signal(
+    app: axum::Router,
+    common: &config::Common,
+    what: &str,
+) -> Result<(), Failure> {
+    let handle = axum_server::Handle::new();
+    let signal = handle.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: finishing in-flight requests");
+        signal.graceful_shutdown(Some(std::time::Duration::from_secs(30)));
+    });
+    let announce = handle.clone();
+    let scheme = if common.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let what = what.to_owned();
+    tokio::spawn(async move {
+        if let Some(addr) = announce.listening().await {
+            // Tests and scripts read this line for the bound port.
+            println!("idem {what} listening on {scheme}://{addr}");
+        }
+    });
+    let make = app.into_make_service();
+    let served = match &common.tls {
+        Some((cert, key)) => {
+            let tls = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
+                .await
+                .map_err(|e| {
+                    config::bad(
+                        "tls_cert",
+                        format!("cannot load {} / {}: {e}", cert.display(), key.display()),
+                    )
+                })?;
+            axum_server::bind_rustls(common.listen, tls)
+                .handle(handle)
+                .serve(make)
+                .await
+        }
+        None => {
+            axum_server::bind(common.listen)
+                .handle(handle)
+                .serve(make)
+                .await
+        }
+    };
+    served.map_err(|e| Failure::Run(format!("cannot serve on {}: {e}", common.listen)))
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = interrupt.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+}

@@ -1,0 +1,50 @@
+//! `idem serve`.
+
+use clap::Args;
+use idem_http::api::{ApiConfig, ApiState, router};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+
+use crate::config::{CommonArgs, read_file, resolve_common};
+use crate::{Failure, init_logging, serve_until_signal, store_url};
+
+/// `idem serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on [default: 127.0.0.1:7700].
+    #[arg(long, env = "IDEM_LISTEN", value_name = "ADDR")]
+    pub listen: Option<String>,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+pub async fn run(args: ServeArgs) -> Result<(), Failure> {
+    let file = read_file(args.common.config.as_deref())?;
+    let common = resolve_common(args.common, args.listen, "127.0.0.1:7700", &file)?;
+    init_logging(&common.log)?;
+    let store = store_url::open(&common.store, common.durability, common.limits.clone())?;
+    let metrics = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full("idem_http_request_duration_seconds".into()),
+            &[
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+            ],
+        )
+        .map_err(|e| Failure::Run(format!("metrics: {e}")))?
+        .install_recorder()
+        .map_err(|e| Failure::Run(format!("metrics: {e}")))?;
+    tracing::info!(store = %store.description, auth = common.auth.is_on(), "starting idem serve");
+    let app = router(ApiState {
+        store: store.store.clone(),
+        config: ApiConfig {
+            default_lease: common.default_lease,
+            default_retention: common.default_retention,
+            max_body_bytes: common.max_body_bytes,
+        },
+        auth: common.auth.clone(),
+        metrics: Some(metrics),
+    });
+    let served = serve_until_signal(app, &common, "serve").await;
+    store.close();
+    tracing::info!("stopped");
+    served
+}

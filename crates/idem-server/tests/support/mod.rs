@@ -1,0 +1,174 @@
+//! Runs the real `idem` binary and talks HTTP to it.
+#![allow(dead_code)]
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// A running `idem` process.
+pub struct Process {
+    pub child: Child,
+    /// `http://127.0.0.1:PORT`
+    pub base: String,
+}
+
+/// Starts `idem ARGS…` (with `--listen 127.0.0.1:0` added unless given) and
+/// waits for its "listening on" line.
+pub async fn start(args: &[&str], env: &[(&str, &str)]) -> Process {
+    let mut all: Vec<&str> = args.to_vec();
+    if !args.contains(&"--listen") {
+        all.extend(["--listen", "127.0.0.1:0"]);
+    }
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
+    cmd.args(&all)
+        .env_remove("IDEM_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("the idem binary starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("idem should report its address within 30 s")
+        .unwrap()
+        .unwrap_or_else(|| panic!("idem {all:?} exited before listening"));
+    let base = line
+        .split("listening on ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .trim()
+        .to_owned();
+    Process { child, base }
+}
+
+impl Process {
+    /// Sends SIGTERM and waits for the exit code.
+    pub async fn terminate(mut self) -> i32 {
+        let pid = self.child.id().expect("running").to_string();
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("idem should stop within 30 s of SIGTERM")
+            .unwrap();
+        status.code().expect("exited, not killed")
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}
+
+/// Runs `idem ARGS…` to completion: exit code, stdout, stderr.
+pub fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_idem"));
+    cmd.args(args).env_remove("IDEM_CONFIG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+
+    /// Asserts a problem+json answer with `status` and returns its `type`.
+    pub fn problem(&self, status: u16) -> String {
+        assert_eq!(
+            self.status.as_u16(),
+            status,
+            "body: {:?}",
+            String::from_utf8_lossy(&self.body)
+        );
+        assert_eq!(
+            self.headers.get("content-type").unwrap(),
+            "application/problem+json"
+        );
+        let p = self.json();
+        assert_eq!(p["status"], status);
+        assert!(!p["detail"].as_str().unwrap().is_empty());
+        p["type"].as_str().unwrap().to_owned()
+    }
+}
+
+pub fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+}
+
+pub async fn send(
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Answer {
+    let mut req = Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let response = client()
+        .request(req.body(Full::new(body.into())).unwrap())
+        .await
+        .expect("the request reaches the server");
+    let (parts, body) = response.into_parts();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+pub async fn post(url: &str, json: serde_json::Value) -> Answer {
+    send(
+        Method::POST,
+        url,
+        &[("content-type", "application/json")],
+        json.to_string(),
+    )
+    .await
+}
+
+pub async fn post_auth(url: &str, token: &str, json: serde_json::Value) -> Answer {
+    let auth = format!("Bearer {token}");
+    send(
+        Method::POST,
+        url,
+        &[
+            ("content-type", "application/json"),
+            ("authorization", &auth),
+        ],
+        json.to_string(),
+    )
+    .await
+}
+
+pub async fn get(url: &str) -> Answer {
+    send(Method::GET, url, &[], Bytes::new()).await
+}
