@@ -47,7 +47,8 @@ fn help_documents_every_option() {
 #[test]
 fn invalid_settings_stop_startup_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
         (vec!["serve", "--listen", "nowhere"], vec![], "`listen`"),
         (vec!["serve", "--store", "ftp://x"], vec![], "`store`"),
         (
