@@ -91,7 +91,13 @@ async fn bad_input_is_answered_with_the_right_status_and_a_problem() {
         json!({"items": [{"key": "a"}, {"key": "b"}, {"key": "c"}, {"key": "d"}]}),
     )
     .await;
-    assert_eq!(big_batch.problem(413), "urn:idem:problem:too-large");
+    assert_eq!(big_batch.problem(400), "urn:idem:problem:invalid-input");
+    assert!(
+        big_batch.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("batch has 4 items")
+    );
     let bad_item = post(
         &idem.url("/v1/orders/begin-batch"),
         json!({"items": [{"key": "fine"}, {"key": ""}]}),
@@ -127,6 +133,7 @@ async fn bad_input_is_answered_with_the_right_status_and_a_problem() {
     assert_eq!(record["state"], "in_progress");
     assert_eq!(record["token"], token);
     for never in ["fine", "k", "a"] {
+        // ("float" was accepted on purpose above.)
         let r = support::get(&idem.url(&format!("/v1/orders/record?key={never}"))).await;
         assert_eq!(r.status, 404, "{never} was written by a refused request");
     }

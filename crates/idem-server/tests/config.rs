@@ -142,7 +142,7 @@ async fn flags_override_the_environment_which_overrides_the_file() {
         )
         .await
         .status,
-        413
+        400
     );
     // The file (8) holds where nothing overrides it.
     let t = post(&begin, json!({"key": "o"})).await.json()["token"]

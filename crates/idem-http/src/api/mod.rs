@@ -295,7 +295,7 @@ fn complete_item(
 
 /// Claims a key.
 #[utoipa::path(post, path = "/v1/{ns}/begin", tag = "records",
-    params(("ns" = String, Path, description = "Namespace: [A-Za-z0-9_.-]{1,64}")),
+    params(("ns" = String, Path, description = "Namespace", pattern = r"^[A-Za-z0-9_.\-]{1,64}$")),
     request_body = BeginRequest,
     responses(
         (status = 200, body = BeginAnswer, description = "acquired, in_progress, completed or mismatch"),
@@ -321,7 +321,7 @@ async fn begin(
 
 /// Stores the outcome of the work a token holds.
 #[utoipa::path(post, path = "/v1/{ns}/complete", tag = "records",
-    params(("ns" = String, Path, description = "Namespace")),
+    params(("ns" = String, Path, description = "Namespace", pattern = r"^[A-Za-z0-9_.\-]{1,64}$")),
     request_body = CompleteRequest,
     responses(
         (status = 200, body = CompleteAnswer),
@@ -351,7 +351,7 @@ async fn complete(
 
 /// Gives a key up so that a redelivery runs again.
 #[utoipa::path(post, path = "/v1/{ns}/release", tag = "records",
-    params(("ns" = String, Path, description = "Namespace")),
+    params(("ns" = String, Path, description = "Namespace", pattern = r"^[A-Za-z0-9_.\-]{1,64}$")),
     request_body = ReleaseRequest,
     responses(
         (status = 200, body = ReleaseAnswer),
@@ -379,7 +379,7 @@ async fn release(
 
 /// Pushes a held lease out (a heartbeat).
 #[utoipa::path(post, path = "/v1/{ns}/extend", tag = "records",
-    params(("ns" = String, Path, description = "Namespace")),
+    params(("ns" = String, Path, description = "Namespace", pattern = r"^[A-Za-z0-9_.\-]{1,64}$")),
     request_body = ExtendRequest,
     responses(
         (status = 200, body = ExtendAnswer),
@@ -414,7 +414,7 @@ async fn extend(
 
 /// `begin` for many keys in one request; answers in order.
 #[utoipa::path(post, path = "/v1/{ns}/begin-batch", tag = "records",
-    params(("ns" = String, Path, description = "Namespace")),
+    params(("ns" = String, Path, description = "Namespace", pattern = r"^[A-Za-z0-9_.\-]{1,64}$")),
     request_body = BeginBatch,
     responses(
         (status = 200, body = BeginBatchAnswer),
@@ -447,7 +447,7 @@ async fn begin_batch(
 
 /// `complete` for many keys in one request; answers in order.
 #[utoipa::path(post, path = "/v1/{ns}/complete-batch", tag = "records",
-    params(("ns" = String, Path, description = "Namespace")),
+    params(("ns" = String, Path, description = "Namespace", pattern = r"^[A-Za-z0-9_.\-]{1,64}$")),
     request_body = CompleteBatch,
     responses(
         (status = 200, body = CompleteBatchAnswer),
@@ -497,7 +497,7 @@ fn in_item(mut p: Problem, index: usize) -> Problem {
 
 /// A record as stored, for inspection.
 #[utoipa::path(get, path = "/v1/{ns}/record", tag = "records",
-    params(("ns" = String, Path, description = "Namespace"), RecordQuery),
+    params(("ns" = String, Path, description = "Namespace", pattern = r"^[A-Za-z0-9_.\-]{1,64}$"), RecordQuery),
     responses(
         (status = 200, body = RecordAnswer),
         (status = 400, body = Problem, content_type = "application/problem+json"),

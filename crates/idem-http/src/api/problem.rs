@@ -59,14 +59,10 @@ impl Problem {
         )
     }
 
-    /// 400 or 413: the store refused the input.
+    /// 400, or 413 for an outcome over its limit: the store refused the
+    /// input.
     pub fn invalid(e: &InvalidInput) -> Self {
-        let too_large = |e: &InvalidInput| {
-            matches!(
-                e,
-                InvalidInput::OutcomeTooLarge { .. } | InvalidInput::BatchTooLarge { .. }
-            )
-        };
+        let too_large = |e: &InvalidInput| matches!(e, InvalidInput::OutcomeTooLarge { .. });
         let large = match e {
             InvalidInput::InItem { error, .. } => too_large(error),
             e => too_large(e),

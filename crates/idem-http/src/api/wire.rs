@@ -9,6 +9,7 @@ use utoipa::ToSchema;
 #[serde(deny_unknown_fields)]
 pub struct BeginRequest {
     /// The idempotency key: 1 to 255 bytes of UTF-8 by default.
+    #[schema(min_length = 1, max_length = 255)]
     pub key: String,
     /// Any string that identifies the content (a hash of the payload, say).
     /// The same key with another fingerprint is a `mismatch`.
@@ -16,7 +17,8 @@ pub struct BeginRequest {
     pub fingerprint: Option<String>,
     /// How long the claim lasts without `extend`; the server's default
     /// (30 000) when absent. From 1 ms up to the server's limit (7 days).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "integral::optional")]
+    #[schema(minimum = 1, maximum = 604_800_000)]
     pub lease_ms: Option<u64>,
 }
 
@@ -41,7 +43,6 @@ pub enum BeginAnswer {
     /// Done before: here is the stored outcome. Do not do it again.
     Completed {
         /// The outcome given to `complete` (`null` when none was).
-        #[schema(value_type = Object, nullable = true)]
         outcome: serde_json::Value,
         /// When it was completed.
         completed_at_ms: u64,
@@ -55,16 +56,18 @@ pub enum BeginAnswer {
 #[serde(deny_unknown_fields)]
 pub struct CompleteRequest {
     /// The key.
+    #[schema(min_length = 1, max_length = 255)]
     pub key: String,
     /// The token `begin` returned.
+    #[serde(deserialize_with = "integral::exact")]
     pub token: u64,
     /// Any JSON value, returned to every duplicate (1 MiB at most, as JSON).
     #[serde(default)]
-    #[schema(value_type = Object, nullable = true)]
     pub outcome: Option<serde_json::Value>,
     /// How long to remember the completion; the server's default (24 h)
     /// when absent.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "integral::optional")]
+    #[schema(minimum = 1, maximum = 31_536_000_000u64)]
     pub retention_ms: Option<u64>,
 }
 
@@ -73,8 +76,10 @@ pub struct CompleteRequest {
 #[serde(deny_unknown_fields)]
 pub struct ReleaseRequest {
     /// The key.
+    #[schema(min_length = 1, max_length = 255)]
     pub key: String,
     /// The token `begin` returned.
+    #[serde(deserialize_with = "integral::exact")]
     pub token: u64,
 }
 
@@ -83,11 +88,14 @@ pub struct ReleaseRequest {
 #[serde(deny_unknown_fields)]
 pub struct ExtendRequest {
     /// The key.
+    #[schema(min_length = 1, max_length = 255)]
     pub key: String,
     /// The token `begin` returned.
+    #[serde(deserialize_with = "integral::exact")]
     pub token: u64,
     /// The new lease, from now; the server's default when absent.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "integral::optional")]
+    #[schema(minimum = 1, maximum = 604_800_000)]
     pub lease_ms: Option<u64>,
 }
 
@@ -122,6 +130,7 @@ pub struct ExtendAnswer {
 #[serde(deny_unknown_fields)]
 pub struct BeginBatch {
     /// Up to 10 000 items (the server's `max_batch`).
+    #[schema(max_items = 10_000)]
     pub items: Vec<BeginRequest>,
 }
 
@@ -130,6 +139,7 @@ pub struct BeginBatch {
 #[serde(deny_unknown_fields)]
 pub struct CompleteBatch {
     /// Up to 10 000 items (the server's `max_batch`).
+    #[schema(max_items = 10_000)]
     pub items: Vec<CompleteRequest>,
 }
 
@@ -181,7 +191,6 @@ pub enum RecordAnswer {
         /// The stored fingerprint digest (hex), if one was given.
         fingerprint: Option<String>,
         /// The stored outcome.
-        #[schema(value_type = Object, nullable = true)]
         outcome: serde_json::Value,
         /// When it was completed.
         completed_at_ms: u64,
@@ -195,6 +204,7 @@ pub enum RecordAnswer {
 #[into_params(parameter_in = Query)]
 pub struct RecordQuery {
     /// The key to look up.
+    #[param(min_length = 1, max_length = 255)]
     pub key: String,
 }
 
@@ -203,4 +213,35 @@ pub struct RecordQuery {
 pub struct Health {
     /// `ok`.
     pub status: &'static str,
+}
+
+/// JSON Schema counts `5.0` as an integer, so the API takes it as one; a
+/// fraction, a negative number or one past the int64 range the document
+/// declares is refused.
+mod integral {
+    use serde::{Deserialize, Deserializer, de::Error};
+
+    pub fn exact<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        let n = serde_json::Number::deserialize(d)?;
+        const MAX: u64 = i64::MAX as u64;
+        let whole = match n.as_u64() {
+            Some(u) => Some(u),
+            None => n
+                .as_f64()
+                .filter(|f| *f >= 0.0 && f.fract() == 0.0 && *f <= MAX as f64)
+                .map(|f| f as u64),
+        };
+        whole
+            .filter(|u| *u <= MAX)
+            .ok_or_else(|| D::Error::custom(format!("{n} is not a whole number from 0 to {MAX}")))
+    }
+
+    pub fn optional<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        match Option::<serde_json::Number>::deserialize(d)? {
+            None => Ok(None),
+            Some(n) => exact(serde_json::Value::Number(n))
+                .map(Some)
+                .map_err(D::Error::custom),
+        }
+    }
 }
