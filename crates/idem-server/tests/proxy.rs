@@ -280,3 +280,18 @@ async fn an_unreachable_upstream_is_a_502_and_releases_the_key() {
     let b = post_with(&proxy.url("/orders"), Some("d-1"), None, "{}").await;
     assert_eq!(b.problem(502), "urn:idem:problem:upstream-failed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_in_flight_requests_finish() {
+    let (up, counts) = upstream().await;
+    let proxy = start(&["proxy", "--upstream", &up, "--store", "memory://"], &[]).await;
+    let url = proxy.url("/orders");
+    // The upstream takes a second; stop the proxy half way through.
+    let in_flight = tokio::spawn(async move { post_with(&url, Some("late-1"), None, "{}").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(counts.orders.load(Ordering::SeqCst), 1, "the request reached the upstream");
+    let code = proxy.terminate().await;
+    let answer = in_flight.await.unwrap();
+    assert_eq!(answer.status, 201, "the in-flight request was finished, not cut");
+    assert_eq!(code, 0);
+}
