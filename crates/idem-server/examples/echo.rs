@@ -9,12 +9,17 @@ use axum::routing::post;
 
 #[tokio::main]
 async fn main() {
-    let addr = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:7800".into());
+    let addr = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "127.0.0.1:7800".into());
     let echo = || async |Json(v): Json<serde_json::Value>| Json(v);
     let app = axum::Router::new()
         .route("/echo", post(echo()))
         .route("/orders", post(echo()));
     let listener = tokio::net::TcpListener::bind(&addr).await.unwrap();
-    println!("echo listening on http://{}", listener.local_addr().unwrap());
+    println!(
+        "echo listening on http://{}",
+        listener.local_addr().unwrap()
+    );
     axum::serve(listener, app).await.unwrap();
 }

@@ -33,11 +33,17 @@ fn token(body: &[u8]) -> u64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let base = args.get(1).cloned().unwrap_or_else(|| "http://127.0.0.1:7700".into());
+    let base = args
+        .get(1)
+        .cloned()
+        .unwrap_or_else(|| "http://127.0.0.1:7700".into());
     let conns: usize = args.get(2).map_or(64, |a| a.parse().unwrap());
     let secs: u64 = args.get(3).map_or(10, |a| a.parse().unwrap());
     let batch = args.get(4).is_some_and(|a| a == "batch");
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async move {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);

@@ -289,9 +289,16 @@ async fn sigterm_lets_in_flight_requests_finish() {
     // The upstream takes a second; stop the proxy half way through.
     let in_flight = tokio::spawn(async move { post_with(&url, Some("late-1"), None, "{}").await });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(counts.orders.load(Ordering::SeqCst), 1, "the request reached the upstream");
+    assert_eq!(
+        counts.orders.load(Ordering::SeqCst),
+        1,
+        "the request reached the upstream"
+    );
     let code = proxy.terminate().await;
     let answer = in_flight.await.unwrap();
-    assert_eq!(answer.status, 201, "the in-flight request was finished, not cut");
+    assert_eq!(
+        answer.status, 201,
+        "the in-flight request was finished, not cut"
+    );
     assert_eq!(code, 0);
 }
