@@ -199,12 +199,19 @@ impl Inner {
         &self.shards[hash.shard(self.shards.len())]
     }
 
-    fn is_dead(&self, slot: &Slot, now: Timestamp) -> bool {
+    /// When the sweeper may remove `slot`.
+    fn dies_at(&self, slot: &Slot) -> Timestamp {
         if slot.completed {
-            slot.deadline <= now
+            slot.deadline
         } else {
-            slot.deadline.after(self.abandoned_retention) <= now
+            slot.deadline.after(self.abandoned_retention)
         }
+    }
+
+    /// Tells slot `i`'s shard when the slot may die.
+    fn note_death(&self, shard: &mut Shard, i: usize) {
+        let t = self.dies_at(shard.slot(i));
+        shard.may_die_at(t);
     }
 
     fn sweep(&self) -> usize {
@@ -212,7 +219,14 @@ impl Inner {
         let removed: usize = self
             .shards
             .iter()
-            .map(|s| s.lock().remove_where(|slot| self.is_dead(slot, now)))
+            .map(|s| {
+                let mut shard = s.lock();
+                if shard.may_have_dead(now) {
+                    shard.sweep(now, |slot| self.dies_at(slot))
+                } else {
+                    0
+                }
+            })
             .sum();
         if self.capacity.is_some() {
             self.len.fetch_sub(removed, Ordering::Relaxed);
@@ -300,6 +314,7 @@ impl Inner {
                         slot.set_attempts(attempt);
                         slot.fingerprint = fingerprint;
                         slot.completed = false;
+                        self.note_death(&mut shard, i);
                     }
                     None => {
                         shard.insert(Slot::in_progress(
@@ -311,6 +326,8 @@ impl Inner {
                             attempt,
                             fingerprint,
                         ));
+                        let last = shard.len() - 1;
+                        self.note_death(&mut shard, last);
                     }
                 }
                 Ok(Begin::Acquired(Claim {
@@ -369,6 +386,7 @@ impl Inner {
             slot.outcome = outcome.map(|b| Box::from(&b[..]));
             slot.since = now;
             slot.deadline = now.after(retention);
+            self.note_death(shard, i);
         }))
     }
 
@@ -393,7 +411,9 @@ impl Inner {
         Ok(self.with_owned(key, token, |shard, i, now| {
             let slot = shard.slot_mut(i);
             slot.deadline = now.after(lease.duration());
-            slot.deadline
+            let until = slot.deadline;
+            self.note_death(shard, i);
+            until
         }))
     }
 

@@ -121,10 +121,23 @@ struct At {
     hash: u32,
 }
 
-#[derive(Default)]
 pub(super) struct Shard {
     index: HashTable<At>,
     slots: Pages,
+    /// No slot can be swept before this: the sweeper skips the shard until
+    /// then instead of reading every slot. Kept low (never later than the
+    /// truth) by [`Shard::may_die_at`].
+    earliest_death: Timestamp,
+}
+
+impl Default for Shard {
+    fn default() -> Self {
+        Self {
+            index: HashTable::default(),
+            slots: Pages::default(),
+            earliest_death: Timestamp::from_millis(u64::MAX),
+        }
+    }
 }
 
 impl Shard {
@@ -183,18 +196,33 @@ impl Shard {
         self.slots.swap_remove(i)
     }
 
-    /// Removes every slot `dead` says is dead; returns how many.
-    pub fn remove_where(&mut self, dead: impl Fn(&Slot) -> bool) -> usize {
+    /// Notes that some slot may be swept from `t` on.
+    pub fn may_die_at(&mut self, t: Timestamp) {
+        self.earliest_death = self.earliest_death.min(t);
+    }
+
+    /// Whether any slot may be due for sweeping at `now`.
+    pub fn may_have_dead(&self, now: Timestamp) -> bool {
+        self.earliest_death <= now
+    }
+
+    /// Removes every slot that is dead at `now`, where `dies_at` tells when a
+    /// slot dies; returns how many went.
+    pub fn sweep(&mut self, now: Timestamp, dies_at: impl Fn(&Slot) -> Timestamp) -> usize {
         let mut removed = 0;
+        let mut earliest = Timestamp::from_millis(u64::MAX);
         let mut i = 0;
         while i < self.slots.len() {
-            if dead(&self.slots[i]) {
+            let death = dies_at(&self.slots[i]);
+            if death <= now {
                 self.remove(i);
                 removed += 1;
             } else {
+                earliest = earliest.min(death);
                 i += 1;
             }
         }
+        self.earliest_death = earliest;
         removed
     }
 }
