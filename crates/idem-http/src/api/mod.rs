@@ -295,15 +295,11 @@ fn complete_item(
 
 /// Claims a key.
 #[utoipa::path(post, path = "/v1/{ns}/begin", tag = "records",
-    params(("ns" = String, Path, description = "Namespace", pattern = r"^[A-Za-z0-9_.\-]{1,64}$")),
+    params(NsParam),
     request_body = BeginRequest,
     responses(
         (status = 200, body = BeginAnswer, description = "acquired, in_progress, completed or mismatch"),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 403, body = Problem, content_type = "application/problem+json"),
-        (status = 413, body = Problem, content_type = "application/problem+json"),
-        (status = 503, body = Problem, content_type = "application/problem+json"),
+        V1Problems,
     ))]
 async fn begin(
     State(state): Shared,
@@ -321,16 +317,11 @@ async fn begin(
 
 /// Stores the outcome of the work a token holds.
 #[utoipa::path(post, path = "/v1/{ns}/complete", tag = "records",
-    params(("ns" = String, Path, description = "Namespace", pattern = r"^[A-Za-z0-9_.\-]{1,64}$")),
+    params(NsParam),
     request_body = CompleteRequest,
     responses(
         (status = 200, body = CompleteAnswer),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 403, body = Problem, content_type = "application/problem+json"),
-        (status = 409, body = Problem, content_type = "application/problem+json", description = "stale token"),
-        (status = 413, body = Problem, content_type = "application/problem+json"),
-        (status = 503, body = Problem, content_type = "application/problem+json"),
+        FencedProblems,
     ))]
 async fn complete(
     State(state): Shared,
@@ -351,16 +342,11 @@ async fn complete(
 
 /// Gives a key up so that a redelivery runs again.
 #[utoipa::path(post, path = "/v1/{ns}/release", tag = "records",
-    params(("ns" = String, Path, description = "Namespace", pattern = r"^[A-Za-z0-9_.\-]{1,64}$")),
+    params(NsParam),
     request_body = ReleaseRequest,
     responses(
         (status = 200, body = ReleaseAnswer),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 403, body = Problem, content_type = "application/problem+json"),
-        (status = 409, body = Problem, content_type = "application/problem+json", description = "stale token"),
-        (status = 413, body = Problem, content_type = "application/problem+json"),
-        (status = 503, body = Problem, content_type = "application/problem+json"),
+        FencedProblems,
     ))]
 async fn release(
     State(state): Shared,
@@ -379,16 +365,11 @@ async fn release(
 
 /// Pushes a held lease out (a heartbeat).
 #[utoipa::path(post, path = "/v1/{ns}/extend", tag = "records",
-    params(("ns" = String, Path, description = "Namespace", pattern = r"^[A-Za-z0-9_.\-]{1,64}$")),
+    params(NsParam),
     request_body = ExtendRequest,
     responses(
         (status = 200, body = ExtendAnswer),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 403, body = Problem, content_type = "application/problem+json"),
-        (status = 409, body = Problem, content_type = "application/problem+json", description = "stale token"),
-        (status = 413, body = Problem, content_type = "application/problem+json"),
-        (status = 503, body = Problem, content_type = "application/problem+json"),
+        FencedProblems,
     ))]
 async fn extend(
     State(state): Shared,
@@ -414,15 +395,11 @@ async fn extend(
 
 /// `begin` for many keys in one request; answers in order.
 #[utoipa::path(post, path = "/v1/{ns}/begin-batch", tag = "records",
-    params(("ns" = String, Path, description = "Namespace", pattern = r"^[A-Za-z0-9_.\-]{1,64}$")),
+    params(NsParam),
     request_body = BeginBatch,
     responses(
         (status = 200, body = BeginBatchAnswer),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 403, body = Problem, content_type = "application/problem+json"),
-        (status = 413, body = Problem, content_type = "application/problem+json"),
-        (status = 503, body = Problem, content_type = "application/problem+json"),
+        V1Problems,
     ))]
 async fn begin_batch(
     State(state): Shared,
@@ -447,15 +424,11 @@ async fn begin_batch(
 
 /// `complete` for many keys in one request; answers in order.
 #[utoipa::path(post, path = "/v1/{ns}/complete-batch", tag = "records",
-    params(("ns" = String, Path, description = "Namespace", pattern = r"^[A-Za-z0-9_.\-]{1,64}$")),
+    params(NsParam),
     request_body = CompleteBatch,
     responses(
         (status = 200, body = CompleteBatchAnswer),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 403, body = Problem, content_type = "application/problem+json"),
-        (status = 413, body = Problem, content_type = "application/problem+json"),
-        (status = 503, body = Problem, content_type = "application/problem+json"),
+        V1Problems,
     ))]
 async fn complete_batch(
     State(state): Shared,
@@ -497,14 +470,10 @@ fn in_item(mut p: Problem, index: usize) -> Problem {
 
 /// A record as stored, for inspection.
 #[utoipa::path(get, path = "/v1/{ns}/record", tag = "records",
-    params(("ns" = String, Path, description = "Namespace", pattern = r"^[A-Za-z0-9_.\-]{1,64}$"), RecordQuery),
+    params(NsParam, RecordQuery),
     responses(
         (status = 200, body = RecordAnswer),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 403, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
-        (status = 503, body = Problem, content_type = "application/problem+json"),
+        LookupProblems,
     ))]
 async fn record(
     State(state): Shared,
@@ -533,6 +502,82 @@ async fn record(
             expires_at_ms: r.expires_at.as_millis(),
         })),
     }
+}
+
+/// The `{ns}` path segment, for the API document.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)] // only describes the path
+struct NsParam {
+    /// The namespace: `[A-Za-z0-9_.-]{1,64}`.
+    #[param(pattern = r"^[A-Za-z0-9_.\-]{1,64}$")]
+    ns: String,
+}
+
+// The error answers of the `/v1` operations, for the API document.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+enum V1Problems {
+    /// Malformed or refused input.
+    #[response(status = 400, content_type = "application/problem+json")]
+    BadRequest(Problem),
+    /// No bearer token, or an unknown one.
+    #[response(status = 401, content_type = "application/problem+json")]
+    Unauthorized(Problem),
+    /// The token may not use this namespace.
+    #[response(status = 403, content_type = "application/problem+json")]
+    Forbidden(Problem),
+    /// The body or the outcome is over its limit.
+    #[response(status = 413, content_type = "application/problem+json")]
+    TooLarge(Problem),
+    /// The store failed; retry after `Retry-After`.
+    #[response(status = 503, content_type = "application/problem+json")]
+    Unavailable(Problem),
+}
+
+// Those of the operations that need the caller to own the key.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+enum FencedProblems {
+    /// Malformed or refused input.
+    #[response(status = 400, content_type = "application/problem+json")]
+    BadRequest(Problem),
+    /// No bearer token, or an unknown one.
+    #[response(status = 401, content_type = "application/problem+json")]
+    Unauthorized(Problem),
+    /// The token may not use this namespace.
+    #[response(status = 403, content_type = "application/problem+json")]
+    Forbidden(Problem),
+    /// The token does not own the key (stale).
+    #[response(status = 409, content_type = "application/problem+json")]
+    Stale(Problem),
+    /// The body or the outcome is over its limit.
+    #[response(status = 413, content_type = "application/problem+json")]
+    TooLarge(Problem),
+    /// The store failed; retry after `Retry-After`.
+    #[response(status = 503, content_type = "application/problem+json")]
+    Unavailable(Problem),
+}
+
+// Those of the record lookup.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+enum LookupProblems {
+    /// Malformed or refused input.
+    #[response(status = 400, content_type = "application/problem+json")]
+    BadRequest(Problem),
+    /// No bearer token, or an unknown one.
+    #[response(status = 401, content_type = "application/problem+json")]
+    Unauthorized(Problem),
+    /// The token may not use this namespace.
+    #[response(status = 403, content_type = "application/problem+json")]
+    Forbidden(Problem),
+    /// No record for the key.
+    #[response(status = 404, content_type = "application/problem+json")]
+    NotFound(Problem),
+    /// The store failed; retry after `Retry-After`.
+    #[response(status = 503, content_type = "application/problem+json")]
+    Unavailable(Problem),
 }
 
 /// Liveness: the process answers.
