@@ -25,7 +25,7 @@ impl OpenStore {
     }
 }
 
-pub fn open(
+pub async fn open(
     url: &str,
     durability: DurabilityArg,
     limits: Limits,
@@ -59,9 +59,37 @@ pub fn open(
             description: "memory store (records are lost when the process ends)".into(),
         });
     }
+    #[cfg(feature = "redis")]
+    if url.starts_with("redis://") || url.starts_with("rediss://") {
+        let store = idem_redis::RedisStore::builder(url)
+            .limits(limits)
+            .connect()
+            .await
+            .map_err(|e| bad("store", e.to_string()))?;
+        let shown = redact_password(url);
+        return Ok(OpenStore {
+            store: Arc::new(store),
+            file: None,
+            description: format!("Redis store at {shown}"),
+        });
+    }
     let scheme = url.split_once("://").map_or(url, |(s, _)| s);
     Err(bad(
         "store",
-        format!("{scheme:?} stores are not supported by this build; use file://PATH or memory://"),
+        format!(
+            "{scheme:?} stores are not supported by this build; use file://PATH, memory:// or redis://HOST:PORT"
+        ),
     ))
+}
+
+/// `url` with any password replaced, for logs.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+fn redact_password(url: &str) -> String {
+    match (url.split_once("://"), url.rfind('@')) {
+        (Some((scheme, rest)), Some(_)) => {
+            let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+            format!("{scheme}://***@{host}")
+        }
+        _ => url.to_owned(),
+    }
 }

@@ -4,7 +4,8 @@
 //! This crate gathers idem's parts behind features:
 //! - always: the record, the [`Store`] contract, the [`Guard`] and the
 //!   [`MemoryStore`] (from `idem-core`);
-//! - `file` (default): [`FileStore`], the embedded durable store.
+//! - `file` (default): [`FileStore`], the embedded durable store;
+//! - `redis`: `RedisStore`, on Redis.
 //!
 //! ```no_run
 //! use idem::{FileStore, Guard, Key, Lease};
@@ -25,3 +26,6 @@ pub use idem_core::*;
 
 #[cfg(feature = "file")]
 pub use idem_file::{Durability, FileStore, FileStoreBuilder, OpenError};
+
+#[cfg(feature = "redis")]
+pub use idem_redis::{RedisStore, RedisStoreBuilder};

@@ -1,0 +1,562 @@
+//! idem's Redis store.
+//!
+//! Every operation of the store contract is one atomic Lua script call
+//! (`EVALSHA`, reloaded on `NOSCRIPT`), on Redis's clock (`TIME`), with
+//! Redis's own key expiry for leases and retention. Batches are one
+//! pipelined round trip.
+//!
+//! ```no_run
+//! use idem_core::{Guard, Key};
+//! use idem_redis::RedisStore;
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+//! let guard = Guard::new(store);
+//! let key = Key::new("orders", "o-1")?;
+//! let n: u32 = guard.run(&key, None, |_| async { Ok::<_, std::io::Error>(1) }).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Keys
+//!
+//! For key `K` in namespace `N`: the record is a hash at `idem:{N:K}:r` with
+//! short fields (`s` state, `t` token, `f` fingerprint, `l` lease or
+//! retention end, `a` attempts, `b` start or completion, `o` outcome); the
+//! token counter is `idem:{N:K}:t`. The braces make both one hash slot, so a
+//! script may touch both on Redis Cluster.
+//!
+//! # Fencing tokens
+//!
+//! A token is the key's counter plus one, raised to at least
+//! `TIME in ms × 1024`. So tokens keep increasing even after the counter
+//! expired or Redis lost its data (a restart without persistence), as long as
+//! Redis's clock moves forward and one key is not acquired more than 1 024
+//! times in a millisecond. The counter expires `counter_ttl` (30 days by
+//! default) after the key's last record.
+#![deny(missing_docs)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem_core::{
+    Begin, BeginItem, Claim, CompleteItem, Completed, DEFAULT_ABANDONED_RETENTION, Entry, Fenced,
+    FencingToken, Fingerprint, InProgress, Key, Lease, Limits, Record, ScanQuery, Store,
+    StoreError, Timestamp,
+};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::{Script, Value};
+
+/// Why [`RedisStore::connect`] failed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot connect to Redis at {url}: {source}")]
+pub struct ConnectError {
+    url: String,
+    #[source]
+    source: redis::RedisError,
+}
+
+/// The Redis store; see the [crate docs](crate). Clones share one
+/// multiplexed connection, which reconnects by itself after a Redis restart.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: ConnectionManager,
+    scripts: Scripts,
+    limits: Limits,
+    abandoned_ms: u64,
+    counter_ttl_ms: u64,
+}
+
+struct Scripts {
+    begin: Script,
+    complete: Script,
+    release: Script,
+    extend: Script,
+}
+
+macro_rules! script {
+    ($file:literal) => {
+        Script::new(concat!(
+            include_str!("scripts/prelude.lua"),
+            include_str!(concat!("scripts/", $file))
+        ))
+    };
+}
+
+/// Configures a [`RedisStore`].
+#[derive(Debug)]
+pub struct RedisStoreBuilder {
+    url: String,
+    limits: Limits,
+    abandoned_retention: Duration,
+    counter_ttl: Duration,
+    timeout: Duration,
+}
+
+impl RedisStoreBuilder {
+    /// The limits to enforce.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// How long an in-progress record whose lease ran out is kept so a
+    /// takeover counts its attempts (default 1 hour).
+    pub fn abandoned_retention(mut self, d: Duration) -> Self {
+        self.abandoned_retention = d;
+        self
+    }
+
+    /// How long a key's token counter outlives its last record (default
+    /// 30 days).
+    pub fn counter_ttl(mut self, d: Duration) -> Self {
+        self.counter_ttl = d;
+        self
+    }
+
+    /// The limit on connecting and on each call (default 2 s).
+    pub fn timeout(mut self, d: Duration) -> Self {
+        self.timeout = d;
+        self
+    }
+
+    /// Connects.
+    pub async fn connect(self) -> Result<RedisStore, ConnectError> {
+        let fail = |source| ConnectError {
+            url: self.url.clone(),
+            source,
+        };
+        let client = redis::Client::open(self.url.as_str()).map_err(fail)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(fail)?;
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                conn,
+                scripts: Scripts {
+                    begin: script!("begin.lua"),
+                    complete: script!("complete.lua"),
+                    release: script!("release.lua"),
+                    extend: script!("extend.lua"),
+                },
+                limits: self.limits,
+                abandoned_ms: millis(self.abandoned_retention),
+                counter_ttl_ms: millis(self.counter_ttl).max(1),
+            }),
+        })
+    }
+}
+
+impl RedisStore {
+    /// Connects to `url` (`redis://HOST:PORT[/DB]`) with default settings.
+    pub async fn connect(url: &str) -> Result<Self, ConnectError> {
+        Self::builder(url).connect().await
+    }
+
+    /// Configures a store for `url`.
+    pub fn builder(url: &str) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            url: url.to_owned(),
+            limits: Limits::default(),
+            abandoned_retention: DEFAULT_ABANDONED_RETENTION,
+            counter_ttl: Duration::from_secs(30 * 24 * 3600),
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn redis_key(key: &Key, suffix: &[u8]) -> Vec<u8> {
+    let ns = key.namespace().as_str().as_bytes();
+    let k = key.bytes();
+    let mut out = Vec::with_capacity(8 + ns.len() + k.len() + suffix.len());
+    out.extend_from_slice(b"idem:{");
+    out.extend_from_slice(ns);
+    out.push(b':');
+    out.extend_from_slice(k);
+    out.extend_from_slice(suffix);
+    out
+}
+
+fn record_key(key: &Key) -> Vec<u8> {
+    redis_key(key, b"}:r")
+}
+
+fn counter_key(key: &Key) -> Vec<u8> {
+    redis_key(key, b"}:t")
+}
+
+fn unavailable(e: redis::RedisError) -> StoreError {
+    StoreError::unavailable(e)
+}
+
+fn corrupt(what: &str, v: &Value) -> StoreError {
+    StoreError::Corrupt(format!("unexpected reply from Redis for {what}: {v:?}"))
+}
+
+/// A reply element as a number (Lua numbers arrive as integers, our
+/// formatted numbers as strings).
+fn number(v: &Value) -> Option<u64> {
+    match v {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn bytes(v: &Value) -> Option<Bytes> {
+    match v {
+        Value::BulkString(b) => Some(Bytes::copy_from_slice(b)),
+        _ => None,
+    }
+}
+
+fn parse_begin(v: &Value) -> Result<Begin, StoreError> {
+    let bad = || corrupt("begin", v);
+    let Value::Array(items) = v else {
+        return Err(bad());
+    };
+    let tag = items.first().and_then(bytes).ok_or_else(bad)?;
+    let num = |i: usize| items.get(i).and_then(number).ok_or_else(bad);
+    Ok(match &tag[..] {
+        b"a" => Begin::Acquired(Claim {
+            token: FencingToken::new(num(1)?),
+            lease_expires_at: Timestamp::from_millis(num(2)?),
+            attempt: u32::try_from(num(3)?).unwrap_or(u32::MAX),
+        }),
+        b"i" => Begin::InProgress {
+            retry_after: Duration::from_millis(num(1)?.max(1)),
+        },
+        b"c" => Begin::Completed {
+            completed_at: Timestamp::from_millis(num(1)?),
+            outcome: items.get(2).and_then(bytes),
+        },
+        b"m" => Begin::Mismatch,
+        _ => return Err(bad()),
+    })
+}
+
+fn fenced(what: &str, v: &Value) -> Result<Fenced, StoreError> {
+    match number(v) {
+        Some(1) => Ok(Fenced::Ok(())),
+        Some(0) => Ok(Fenced::Stale),
+        _ => Err(corrupt(what, v)),
+    }
+}
+
+/// A record from its hash fields (`HGETALL`), `None` when there is none.
+fn parse_record(v: &Value) -> Result<Option<Record>, StoreError> {
+    let pairs: Vec<(&[u8], &Value)> = match v {
+        Value::Array(a) if a.is_empty() => return Ok(None),
+        Value::Map(m) if m.is_empty() => return Ok(None),
+        Value::Array(a) => a
+            .chunks(2)
+            .filter_map(|p| match p {
+                [Value::BulkString(k), v] => Some((&k[..], v)),
+                _ => None,
+            })
+            .collect(),
+        Value::Map(m) => m
+            .iter()
+            .filter_map(|(k, v)| match k {
+                Value::BulkString(k) => Some((&k[..], v)),
+                _ => None,
+            })
+            .collect(),
+        _ => return Err(corrupt("a record", v)),
+    };
+    let field = |name: &[u8]| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
+    let num = |name: &[u8]| {
+        field(name)
+            .and_then(number)
+            .ok_or_else(|| corrupt("a record", v))
+    };
+    let fingerprint = match field(b"f").and_then(bytes) {
+        Some(b) => Some(Fingerprint::from_bytes(
+            b[..].try_into().map_err(|_| corrupt("a fingerprint", v))?,
+        )),
+        None => None,
+    };
+    let token = FencingToken::new(num(b"t")?);
+    Ok(Some(match field(b"s").and_then(bytes).as_deref() {
+        Some(b"p") => Record::InProgress(InProgress {
+            token,
+            fingerprint,
+            lease_expires_at: Timestamp::from_millis(num(b"l")?),
+            attempts: u32::try_from(num(b"a")?).unwrap_or(u32::MAX),
+            started_at: Timestamp::from_millis(num(b"b")?),
+        }),
+        Some(b"c") => Record::Completed(Completed {
+            token,
+            fingerprint,
+            outcome: field(b"o").and_then(bytes),
+            completed_at: Timestamp::from_millis(num(b"b")?),
+            expires_at: Timestamp::from_millis(num(b"l")?),
+        }),
+        _ => return Err(corrupt("a record's state", v)),
+    }))
+}
+
+impl Inner {
+    fn conn(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    fn begin_invocation(&self, item: &BeginItem) -> redis::Cmd {
+        let fp = item
+            .fingerprint
+            .map_or(Vec::new(), |f| f.to_bytes().to_vec());
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.scripts.begin.get_hash())
+            .arg(2)
+            .arg(record_key(&item.key))
+            .arg(counter_key(&item.key))
+            .arg(fp)
+            .arg(millis(item.lease.duration()))
+            .arg(self.abandoned_ms)
+            .arg(self.counter_ttl_ms);
+        cmd
+    }
+
+    fn complete_invocation(&self, item: &CompleteItem) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.scripts.complete.get_hash())
+            .arg(2)
+            .arg(record_key(&item.key))
+            .arg(counter_key(&item.key))
+            .arg(item.token.get().to_string())
+            .arg(millis(item.retention))
+            .arg(if item.outcome.is_some() { "1" } else { "0" })
+            .arg(item.outcome.as_deref().unwrap_or(b""))
+            .arg(self.counter_ttl_ms);
+        cmd
+    }
+
+    /// Runs `cmds` as one pipelined round trip; loads the scripts and tries
+    /// again once if Redis does not know them (after a restart or flush).
+    async fn pipelined(&self, cmds: &[redis::Cmd]) -> Result<Vec<Value>, StoreError> {
+        let mut pipe = redis::pipe();
+        for c in cmds {
+            pipe.add_command(c.clone());
+        }
+        let mut conn = self.conn();
+        match pipe.query_async::<Vec<Value>>(&mut conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.load_scripts(&mut conn).await?;
+                pipe.query_async(&mut conn).await.map_err(unavailable)
+            }
+            r => r.map_err(unavailable),
+        }
+    }
+
+    async fn load_scripts(&self, conn: &mut impl ConnectionLike) -> Result<(), StoreError> {
+        for s in [
+            &self.scripts.begin,
+            &self.scripts.complete,
+            &self.scripts.release,
+            &self.scripts.extend,
+        ] {
+            s.prepare_invoke()
+                .load_async(conn)
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(())
+    }
+}
+
+impl Store for RedisStore {
+    async fn begin(
+        &self,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        lease: Lease,
+    ) -> Result<Begin, StoreError> {
+        self.inner.limits.check_begin(key, lease)?;
+        let item = BeginItem {
+            key: key.clone(),
+            fingerprint,
+            lease,
+        };
+        let reply = self
+            .inner
+            .pipelined(&[self.inner.begin_invocation(&item)])
+            .await?;
+        parse_begin(reply.first().unwrap_or(&Value::Nil))
+    }
+
+    async fn complete(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        outcome: Option<Bytes>,
+        retention: Duration,
+    ) -> Result<Fenced, StoreError> {
+        self.inner
+            .limits
+            .check_complete(key, outcome.as_ref(), retention)?;
+        let item = CompleteItem {
+            key: key.clone(),
+            token,
+            outcome,
+            retention,
+        };
+        let reply = self
+            .inner
+            .pipelined(&[self.inner.complete_invocation(&item)])
+            .await?;
+        fenced("complete", reply.first().unwrap_or(&Value::Nil))
+    }
+
+    async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
+        self.inner.limits.check_key(key)?;
+        let v: Value = self
+            .inner
+            .scripts
+            .release
+            .key(record_key(key))
+            .arg(token.get().to_string())
+            .invoke_async(&mut self.inner.conn())
+            .await
+            .map_err(unavailable)?;
+        fenced("release", &v)
+    }
+
+    async fn extend(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        lease: Lease,
+    ) -> Result<Fenced<Timestamp>, StoreError> {
+        self.inner.limits.check_begin(key, lease)?;
+        let v: Value = self
+            .inner
+            .scripts
+            .extend
+            .key(record_key(key))
+            .arg(token.get().to_string())
+            .arg(millis(lease.duration()))
+            .arg(self.inner.abandoned_ms)
+            .invoke_async(&mut self.inner.conn())
+            .await
+            .map_err(unavailable)?;
+        match number(&v) {
+            Some(0) => Ok(Fenced::Stale),
+            Some(t) => Ok(Fenced::Ok(Timestamp::from_millis(t))),
+            None => Err(corrupt("extend", &v)),
+        }
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.inner.limits.check_key(key)?;
+        let v: Value = redis::cmd("HGETALL")
+            .arg(record_key(key))
+            .query_async(&mut self.inner.conn())
+            .await
+            .map_err(unavailable)?;
+        parse_record(&v)
+    }
+
+    async fn begin_many(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
+        self.inner.limits.check_begin_items(items)?;
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let cmds: Vec<_> = items
+            .iter()
+            .map(|i| self.inner.begin_invocation(i))
+            .collect();
+        let replies = self.inner.pipelined(&cmds).await?;
+        replies.iter().map(parse_begin).collect()
+    }
+
+    async fn complete_many(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {
+        self.inner.limits.check_complete_items(items)?;
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let cmds: Vec<_> = items
+            .iter()
+            .map(|i| self.inner.complete_invocation(i))
+            .collect();
+        let replies = self.inner.pipelined(&cmds).await?;
+        replies.iter().map(|v| fenced("complete", v)).collect()
+    }
+
+    async fn scan(&self, query: &ScanQuery) -> Result<Vec<Entry>, StoreError> {
+        let ns = query.namespace.as_str();
+        let prefix = format!("idem:{{{ns}:");
+        let pattern = format!("{prefix}*}}:r");
+        let mut conn = self.inner.conn();
+        let mut cursor: u64 = 0;
+        let mut keys: Vec<Vec<u8>> = Vec::new();
+        loop {
+            let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            keys.extend(batch);
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        let mut found: Vec<(Vec<u8>, Vec<u8>)> = keys
+            .into_iter()
+            .filter_map(|k| {
+                let inner = k
+                    .strip_prefix(prefix.as_bytes())?
+                    .strip_suffix(b"}:r")?
+                    .to_vec();
+                let after = query.after.as_deref().is_none_or(|a| &inner[..] > a);
+                after.then_some((inner, k))
+            })
+            .collect();
+        found.sort();
+        let mut entries = Vec::new();
+        for chunk in found.chunks(256) {
+            let mut pipe = redis::pipe();
+            for (_, k) in chunk {
+                pipe.cmd("HGETALL").arg(k);
+            }
+            let records: Vec<Value> = pipe.query_async(&mut conn).await.map_err(unavailable)?;
+            for ((inner, _), v) in chunk.iter().zip(&records) {
+                // Gone (expired) between SCAN and HGETALL: absent.
+                let Some(record) = parse_record(v)? else {
+                    continue;
+                };
+                if query.admits(&record) {
+                    let key =
+                        Key::in_namespace(query.namespace.clone(), Bytes::copy_from_slice(inner))
+                            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                    entries.push(Entry { key, record });
+                    if entries.len() == query.limit {
+                        return Ok(entries);
+                    }
+                }
+            }
+        }
+        Ok(entries)
+    }
+
+    fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+}
