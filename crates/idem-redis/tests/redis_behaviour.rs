@@ -1,0 +1,138 @@
+//! What the Redis store does beyond the shared contract: Redis expires
+//! records by itself, and a Redis restart (which loses everything without
+//! persistence) leaves the store working, with records absent and tokens
+//! still increasing.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use idem_core::{Begin, Fenced, Key, Lease, Store, StoreError};
+use idem_redis::RedisStore;
+use idem_testkit::services;
+use tokio::process::{Child, Command};
+
+async fn shared() -> Option<RedisStore> {
+    let url = services::url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    match RedisStore::connect(&url).await {
+        Ok(s) => Some(s),
+        Err(e) => services::absent("Redis", &url, e),
+    }
+}
+
+fn key(k: &str) -> Key {
+    Key::new("redis-behaviour", format!("{k}-{}", std::process::id())).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_itself_expires_records_and_leaves_the_counter() {
+    let Some(store) = shared().await else { return };
+    let url = services::url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let k = key("expiry");
+    let record = format!("idem:{{redis-behaviour:{}}}:r", String::from_utf8_lossy(k.bytes()));
+    let Begin::Acquired(c) = store.begin(&k, None, Lease::from_secs(5)).await.unwrap() else {
+        panic!("acquire");
+    };
+    let done = store
+        .complete(&k, c.token, Some("x".into()), Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert_eq!(done, Fenced::Ok(()));
+    let ttl: i64 = redis::cmd("PTTL").arg(&record).query_async(&mut raw).await.unwrap();
+    assert!(ttl > 0 && ttl <= 300, "retention is Redis's own expiry: {ttl}");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let exists: bool = redis::cmd("EXISTS").arg(&record).query_async(&mut raw).await.unwrap();
+    assert!(!exists, "Redis removed the expired record");
+    let Begin::Acquired(again) = store.begin(&k, None, Lease::from_secs(5)).await.unwrap() else {
+        panic!("an expired key is acquired again");
+    };
+    assert!(again.token > c.token);
+}
+
+/// A Redis of our own on a free port, so restarting it disturbs no one.
+struct OwnRedis {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl OwnRedis {
+    async fn start(port: u16) -> Self {
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("redis-server is installed");
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Self { port, child: Some(child) }
+    }
+
+    async fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().await.unwrap();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_loses_records_but_not_the_store() {
+    if std::process::Command::new("redis-server").arg("--version").output().is_err() {
+        return services::absent("redis-server", "PATH", "not installed").unwrap_or(());
+    }
+    let port = free_port();
+    let mut redis = OwnRedis::start(port).await;
+    let url = format!("redis://127.0.0.1:{}", redis.port);
+    let store = RedisStore::builder(&url)
+        .timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap();
+    let k = key("restart");
+    let Begin::Acquired(before) = store.begin(&k, None, Lease::from_secs(60)).await.unwrap() else {
+        panic!("acquire");
+    };
+    let done = store
+        .complete(&k, before.token, Some("done".into()), Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(done, Fenced::Ok(()));
+
+    redis.stop().await;
+    let down = store.begin(&k, None, Lease::from_secs(60)).await;
+    assert!(
+        matches!(down, Err(StoreError::Unavailable(_))),
+        "a stopped Redis is an error to retry, not a crash: {down:?}"
+    );
+
+    let _redis = OwnRedis::start(port).await;
+    // The same store object reconnects by itself; the data is gone, so the
+    // key is absent, and the scripts are loaded again on NOSCRIPT.
+    let mut after = None;
+    for _ in 0..40 {
+        match store.begin(&k, None, Lease::from_secs(60)).await {
+            Ok(b) => {
+                after = Some(b);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let Some(Begin::Acquired(after)) = after else {
+        panic!("the store did not recover after Redis came back: {after:?}");
+    };
+    assert_eq!(after.attempt, 1);
+    assert!(
+        after.token > before.token,
+        "tokens keep increasing across a Redis that lost its data"
+    );
+}
