@@ -44,7 +44,9 @@ use idem_core::{
     StoreError, Timestamp,
 };
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::{Script, Value};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
 
 /// Why [`RedisStore::connect`] failed.
 #[derive(Debug, thiserror::Error)]
@@ -62,8 +64,43 @@ pub struct RedisStore {
     inner: Arc<Inner>,
 }
 
+/// A standalone Redis (reconnecting, multiplexed) or a Redis Cluster.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 struct Inner {
-    conn: ConnectionManager,
+    conn: Conn,
     scripts: Scripts,
     limits: Limits,
     abandoned_ms: u64,
@@ -89,7 +126,9 @@ macro_rules! script {
 /// Configures a [`RedisStore`].
 #[derive(Debug)]
 pub struct RedisStoreBuilder {
-    url: String,
+    /// One URL for a standalone Redis; the seed nodes for a cluster.
+    nodes: Vec<String>,
+    cluster: bool,
     limits: Limits,
     abandoned_retention: Duration,
     counter_ttl: Duration,
@@ -126,18 +165,29 @@ impl RedisStoreBuilder {
     /// Connects.
     pub async fn connect(self) -> Result<RedisStore, ConnectError> {
         let fail = |source| ConnectError {
-            url: self.url.clone(),
+            url: self.nodes.join(","),
             source,
         };
-        let client = redis::Client::open(self.url.as_str()).map_err(fail)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(fail)?;
+        let conn = if self.cluster {
+            let client = redis::cluster::ClusterClientBuilder::new(self.nodes.clone())
+                .connection_timeout(self.timeout)
+                .response_timeout(self.timeout)
+                .build()
+                .map_err(fail)?;
+            Conn::Cluster(client.get_async_connection().await.map_err(fail)?)
+        } else {
+            let client = redis::Client::open(self.nodes[0].as_str()).map_err(fail)?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(self.timeout))
+                .set_response_timeout(Some(self.timeout))
+                .set_number_of_retries(2)
+                .set_max_delay(Duration::from_millis(500));
+            Conn::Single(
+                ConnectionManager::new_with_config(client, config)
+                    .await
+                    .map_err(fail)?,
+            )
+        };
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 conn,
@@ -161,10 +211,21 @@ impl RedisStore {
         Self::builder(url).connect().await
     }
 
-    /// Configures a store for `url`.
+    /// Configures a store for the standalone Redis at `url`.
     pub fn builder(url: &str) -> RedisStoreBuilder {
+        Self::configure(vec![url.to_owned()], false)
+    }
+
+    /// Configures a store for the Redis Cluster that `nodes` (URLs of some
+    /// of its masters) belong to.
+    pub fn cluster_builder(nodes: &[&str]) -> RedisStoreBuilder {
+        Self::configure(nodes.iter().map(|n| (*n).to_owned()).collect(), true)
+    }
+
+    fn configure(nodes: Vec<String>, cluster: bool) -> RedisStoreBuilder {
         RedisStoreBuilder {
-            url: url.to_owned(),
+            nodes,
+            cluster,
             limits: Limits::default(),
             abandoned_retention: DEFAULT_ABANDONED_RETENTION,
             counter_ttl: Duration::from_secs(30 * 24 * 3600),
@@ -310,7 +371,7 @@ fn parse_record(v: &Value) -> Result<Option<Record>, StoreError> {
 }
 
 impl Inner {
-    fn conn(&self) -> ConnectionManager {
+    fn conn(&self) -> Conn {
         self.conn.clone()
     }
 
@@ -344,9 +405,38 @@ impl Inner {
         cmd
     }
 
-    /// Runs `cmds` as one pipelined round trip; loads the scripts and tries
-    /// again once if Redis does not know them (after a restart or flush).
-    async fn pipelined(&self, cmds: &[redis::Cmd]) -> Result<Vec<Value>, StoreError> {
+    /// Runs `cmds`, whose keys are `keys` (one each; may be empty for a
+    /// single command), in one pipelined round trip: on a cluster, one
+    /// pipeline per hash slot, all at once. Answers in order.
+    async fn pipelined(&self, cmds: &[Cmd], keys: &[Vec<u8>]) -> Result<Vec<Value>, StoreError> {
+        if matches!(self.conn, Conn::Single(_)) || cmds.len() == 1 {
+            return self.pipeline(cmds.iter()).await;
+        }
+        let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+        for (i, k) in keys.iter().enumerate() {
+            by_slot.entry(slot(k)).or_default().push(i);
+        }
+        let groups = futures_util::future::try_join_all(
+            by_slot
+                .values()
+                .map(|idx| self.pipeline(idx.iter().map(|&i| &cmds[i]))),
+        )
+        .await?;
+        let mut answers = vec![Value::Nil; cmds.len()];
+        for (idx, replies) in by_slot.values().zip(groups) {
+            for (&i, v) in idx.iter().zip(replies) {
+                answers[i] = v;
+            }
+        }
+        Ok(answers)
+    }
+
+    /// Runs `cmds` as one pipeline; loads the scripts and tries again once
+    /// if Redis does not know them (after a restart or flush).
+    async fn pipeline<'c>(
+        &self,
+        cmds: impl Iterator<Item = &'c Cmd>,
+    ) -> Result<Vec<Value>, StoreError> {
         let mut pipe = redis::pipe();
         for c in cmds {
             pipe.add_command(c.clone());
@@ -359,6 +449,62 @@ impl Inner {
             }
             r => r.map_err(unavailable),
         }
+    }
+
+    /// Every key matching `pattern`: one SCAN, or one per cluster master.
+    async fn scan_keys(&self, pattern: &str) -> Result<Vec<Vec<u8>>, StoreError> {
+        let mut keys = Vec::new();
+        let nodes = match &self.conn {
+            Conn::Single(_) => vec![None],
+            Conn::Cluster(c) => {
+                let text: String = c
+                    .clone()
+                    .route_command(
+                        redis::cmd("CLUSTER").arg("NODES").clone(),
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+                    )
+                    .await
+                    .map_err(unavailable)
+                    .and_then(|v| {
+                        redis::from_redis_value(v).map_err(|e| StoreError::Corrupt(e.to_string()))
+                    })?;
+                masters(&text).into_iter().map(Some).collect()
+            }
+        };
+        for node in nodes {
+            let mut cursor: u64 = 0;
+            loop {
+                let mut cmd = redis::cmd("SCAN");
+                cmd.arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(1000);
+                let reply: Value = match (&node, &self.conn) {
+                    (Some((host, port)), Conn::Cluster(c)) => {
+                        c.clone()
+                            .route_command(
+                                cmd,
+                                RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                                    host: host.clone(),
+                                    port: *port,
+                                }),
+                            )
+                            .await
+                    }
+                    _ => cmd.query_async(&mut self.conn()).await,
+                }
+                .map_err(unavailable)?;
+                let (next, batch): (u64, Vec<Vec<u8>>) = redis::from_redis_value(reply)
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                keys.extend(batch);
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+        Ok(keys)
     }
 
     async fn load_scripts(&self, conn: &mut impl ConnectionLike) -> Result<(), StoreError> {
@@ -377,6 +523,38 @@ impl Inner {
     }
 }
 
+/// The cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag, the text
+/// between the first `{` and the next `}` when not empty, else of the key.
+fn slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16::State::<crc16::XMODEM>::calculate(tagged) % 16384
+}
+
+/// The masters' addresses in `CLUSTER NODES` output.
+fn masters(nodes: &str) -> Vec<(String, u16)> {
+    nodes
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let flags = fields.get(2)?;
+            if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
+                return None;
+            }
+            let addr = fields.get(1)?.split('@').next()?;
+            let (host, port) = addr.rsplit_once(':')?;
+            Some((host.to_owned(), port.parse().ok()?))
+        })
+        .collect()
+}
+
 impl Store for RedisStore {
     async fn begin(
         &self,
@@ -392,7 +570,7 @@ impl Store for RedisStore {
         };
         let reply = self
             .inner
-            .pipelined(&[self.inner.begin_invocation(&item)])
+            .pipelined(&[self.inner.begin_invocation(&item)], &[])
             .await?;
         parse_begin(reply.first().unwrap_or(&Value::Nil))
     }
@@ -415,7 +593,7 @@ impl Store for RedisStore {
         };
         let reply = self
             .inner
-            .pipelined(&[self.inner.complete_invocation(&item)])
+            .pipelined(&[self.inner.complete_invocation(&item)], &[])
             .await?;
         fenced("complete", reply.first().unwrap_or(&Value::Nil))
     }
@@ -478,7 +656,8 @@ impl Store for RedisStore {
             .iter()
             .map(|i| self.inner.begin_invocation(i))
             .collect();
-        let replies = self.inner.pipelined(&cmds).await?;
+        let keys: Vec<_> = items.iter().map(|i| record_key(&i.key)).collect();
+        let replies = self.inner.pipelined(&cmds, &keys).await?;
         replies.iter().map(parse_begin).collect()
     }
 
@@ -491,7 +670,8 @@ impl Store for RedisStore {
             .iter()
             .map(|i| self.inner.complete_invocation(i))
             .collect();
-        let replies = self.inner.pipelined(&cmds).await?;
+        let keys: Vec<_> = items.iter().map(|i| record_key(&i.key)).collect();
+        let replies = self.inner.pipelined(&cmds, &keys).await?;
         replies.iter().map(|v| fenced("complete", v)).collect()
     }
 
@@ -499,25 +679,7 @@ impl Store for RedisStore {
         let ns = query.namespace.as_str();
         let prefix = format!("idem:{{{ns}:");
         let pattern = format!("{prefix}*}}:r");
-        let mut conn = self.inner.conn();
-        let mut cursor: u64 = 0;
-        let mut keys: Vec<Vec<u8>> = Vec::new();
-        loop {
-            let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .map_err(unavailable)?;
-            keys.extend(batch);
-            cursor = next;
-            if cursor == 0 {
-                break;
-            }
-        }
+        let keys = self.inner.scan_keys(&pattern).await?;
         let mut found: Vec<(Vec<u8>, Vec<u8>)> = keys
             .into_iter()
             .filter_map(|k| {
@@ -532,11 +694,12 @@ impl Store for RedisStore {
         found.sort();
         let mut entries = Vec::new();
         for chunk in found.chunks(256) {
-            let mut pipe = redis::pipe();
-            for (_, k) in chunk {
-                pipe.cmd("HGETALL").arg(k);
-            }
-            let records: Vec<Value> = pipe.query_async(&mut conn).await.map_err(unavailable)?;
+            let keys: Vec<Vec<u8>> = chunk.iter().map(|(_, k)| k.clone()).collect();
+            let cmds: Vec<Cmd> = keys
+                .iter()
+                .map(|k| redis::cmd("HGETALL").arg(k).clone())
+                .collect();
+            let records = self.inner.pipelined(&cmds, &keys).await?;
             for ((inner, _), v) in chunk.iter().zip(&records) {
                 // Gone (expired) between SCAN and HGETALL: absent.
                 let Some(record) = parse_record(v)? else {
@@ -558,5 +721,20 @@ impl Store for RedisStore {
 
     fn limits(&self) -> &Limits {
         &self.inner.limits
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slot;
+
+    #[test]
+    fn slots_follow_the_hash_tag() {
+        // Known values from the Redis Cluster specification.
+        assert_eq!(slot(b"123456789"), 0x31C3 % 16384);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
+        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
+        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
+        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
     }
 }

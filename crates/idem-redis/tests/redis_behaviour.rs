@@ -30,7 +30,10 @@ async fn redis_itself_expires_records_and_leaves_the_counter() {
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut raw = client.get_multiplexed_async_connection().await.unwrap();
     let k = key("expiry");
-    let record = format!("idem:{{redis-behaviour:{}}}:r", String::from_utf8_lossy(k.bytes()));
+    let record = format!(
+        "idem:{{redis-behaviour:{}}}:r",
+        String::from_utf8_lossy(k.bytes())
+    );
     let Begin::Acquired(c) = store.begin(&k, None, Lease::from_secs(5)).await.unwrap() else {
         panic!("acquire");
     };
@@ -39,10 +42,21 @@ async fn redis_itself_expires_records_and_leaves_the_counter() {
         .await
         .unwrap();
     assert_eq!(done, Fenced::Ok(()));
-    let ttl: i64 = redis::cmd("PTTL").arg(&record).query_async(&mut raw).await.unwrap();
-    assert!(ttl > 0 && ttl <= 300, "retention is Redis's own expiry: {ttl}");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&record)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(
+        ttl > 0 && ttl <= 300,
+        "retention is Redis's own expiry: {ttl}"
+    );
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let exists: bool = redis::cmd("EXISTS").arg(&record).query_async(&mut raw).await.unwrap();
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(&record)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
     assert!(!exists, "Redis removed the expired record");
     let Begin::Acquired(again) = store.begin(&k, None, Lease::from_secs(5)).await.unwrap() else {
         panic!("an expired key is acquired again");
@@ -59,18 +73,33 @@ struct OwnRedis {
 impl OwnRedis {
     async fn start(port: u16) -> Self {
         let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .stdout(Stdio::null())
             .kill_on_drop(true)
             .spawn()
             .expect("redis-server is installed");
         for _ in 0..100 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Self { port, child: Some(child) }
+        Self {
+            port,
+            child: Some(child),
+        }
     }
 
     async fn stop(&mut self) {
@@ -81,12 +110,20 @@ impl OwnRedis {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restart_loses_records_but_not_the_store() {
-    if std::process::Command::new("redis-server").arg("--version").output().is_err() {
+    if std::process::Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
         return services::absent("redis-server", "PATH", "not installed").unwrap_or(());
     }
     let port = free_port();
@@ -102,7 +139,12 @@ async fn a_redis_restart_loses_records_but_not_the_store() {
         panic!("acquire");
     };
     let done = store
-        .complete(&k, before.token, Some("done".into()), Duration::from_secs(60))
+        .complete(
+            &k,
+            before.token,
+            Some("done".into()),
+            Duration::from_secs(60),
+        )
         .await
         .unwrap();
     assert_eq!(done, Fenced::Ok(()));

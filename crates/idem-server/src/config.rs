@@ -16,8 +16,8 @@ pub struct CommonArgs {
     /// A TOML file of settings (same names as the flags, with `_` for `-`).
     #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Where records live: file://PATH (default file://./idem-data), memory://
-    /// or redis://HOST:PORT.
+    /// Where records live: file://PATH (default file://./idem-data), memory://,
+    /// redis://HOST:PORT or redis+cluster://HOST:PORT,HOST:PORT.
     #[arg(long, env = "IDEM_STORE", value_name = "URL")]
     pub store: Option<String>,
     /// How the file store makes completions durable [default: group].

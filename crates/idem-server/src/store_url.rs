@@ -60,6 +60,21 @@ pub async fn open(
         });
     }
     #[cfg(feature = "redis")]
+    if let Some(nodes) = url.strip_prefix("redis+cluster://") {
+        let nodes: Vec<String> = nodes.split(',').map(|n| format!("redis://{n}")).collect();
+        let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
+        let store = idem_redis::RedisStore::cluster_builder(&refs)
+            .limits(limits)
+            .connect()
+            .await
+            .map_err(|e| bad("store", e.to_string()))?;
+        return Ok(OpenStore {
+            store: Arc::new(store),
+            file: None,
+            description: format!("Redis Cluster store at {}", redact_password(url)),
+        });
+    }
+    #[cfg(feature = "redis")]
     if url.starts_with("redis://") || url.starts_with("rediss://") {
         let store = idem_redis::RedisStore::builder(url)
             .limits(limits)
@@ -77,7 +92,7 @@ pub async fn open(
     Err(bad(
         "store",
         format!(
-            "{scheme:?} stores are not supported by this build; use file://PATH, memory:// or redis://HOST:PORT"
+            "{scheme:?} stores are not supported by this build; use file://PATH, memory://, redis://HOST:PORT or redis+cluster://HOST:PORT,HOST:PORT"
         ),
     ))
 }
