@@ -1,0 +1,200 @@
+//! idem's Redis store beside the `idempotent` crate's Valkey store (0.3.0),
+//! on one Redis, one workload: N keys plus 10 % duplicates, a delivery is a
+//! claim and a completion when claimed, with 1 and 64 tasks. Then idem's
+//! batches, and bytes per record. Run by `benches/redis/run`, against a
+//! Redis of its own (this FLUSHALLs it).
+//!   cargo run --release --manifest-path benches/peers/Cargo.toml --bin redis -- redis://127.0.0.1:6399
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem_core::{Begin, BeginItem, CompleteItem, Key, Lease, Namespace, Store};
+use idem_redis::RedisStore;
+use idempotent::fingerprint::{DefaultFingerprintStrategy, FingerprintStrategy};
+use idempotent::store::valkey::ValkeyStore;
+use idempotent::store::{IdempotencyStore, InsertResult};
+use idempotent::{CachedResponse, IdempotencyEntry, IdempotencyKey, Metadata};
+
+fn stream(run: &str, n: usize) -> Vec<String> {
+    let mut out = Vec::with_capacity(n + n / 10);
+    for i in 0..n {
+        out.push(format!("{run}-order-{i:010}"));
+        if i % 10 == 9 {
+            out.push(out[i / 2].clone());
+        }
+    }
+    out
+}
+
+/// Splits `keys` among `tasks` so that each duplicate lands in the task of
+/// its original (it then meets a completed record, not a live claim).
+fn split(keys: &[String], tasks: usize) -> Vec<Vec<String>> {
+    let mut parts = vec![Vec::new(); tasks];
+    for k in keys {
+        let h = k.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
+        parts[h % tasks].push(k.clone());
+    }
+    parts
+}
+
+async fn idem_run(store: &RedisStore, keys: &[String], tasks: usize) -> f64 {
+    let ns = Namespace::new("bench").unwrap();
+    let parts = split(keys, tasks);
+    let start = Instant::now();
+    let handles: Vec<_> = parts
+        .into_iter()
+        .map(|part| {
+            let (store, ns) = (store.clone(), ns.clone());
+            tokio::spawn(async move {
+                for k in part {
+                    let key = Key::in_namespace(ns.clone(), k).unwrap();
+                    if let Begin::Acquired(c) = store.begin(&key, None, Lease::from_secs(60)).await.unwrap() {
+                        let done = store
+                            .complete(&key, c.token, Some("ok".into()), Duration::from_secs(600))
+                            .await
+                            .unwrap();
+                        assert!(!done.is_stale());
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.await.unwrap();
+    }
+    keys.len() as f64 / start.elapsed().as_secs_f64()
+}
+
+async fn peer_run(store: &Arc<ValkeyStore>, keys: &[String], tasks: usize) -> f64 {
+    let parts = split(keys, tasks);
+    let start = Instant::now();
+    let handles: Vec<_> = parts
+        .into_iter()
+        .map(|part| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let fingerprint = DefaultFingerprintStrategy.compute("POST /orders", b"");
+                for k in part {
+                    let key = IdempotencyKey::new(k).unwrap();
+                    let entry = IdempotencyEntry::new(fingerprint, Duration::from_secs(600));
+                    if let InsertResult::Claimed { fencing_token } =
+                        store.try_insert(&key, entry.clone()).await.unwrap()
+                    {
+                        let response = CachedResponse {
+                            status_code: 200,
+                            metadata: Metadata::default(),
+                            body: b"ok".to_vec().into(),
+                        };
+                        store.complete(&key, entry.complete(response), fencing_token).await.unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.await.unwrap();
+    }
+    keys.len() as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Fresh keys through `begin_many` + `complete_many`, `batch` a call, with
+/// `tasks` tasks: keys per second.
+async fn idem_batched(store: &RedisStore, run: &str, n: usize, batch: usize, tasks: usize) -> f64 {
+    let ns = Namespace::new("bench").unwrap();
+    let keys: Vec<Key> = (0..n)
+        .map(|i| Key::in_namespace(ns.clone(), format!("{run}-b-{i:010}")).unwrap())
+        .collect();
+    let chunks: Vec<Vec<Key>> = keys.chunks(batch).map(<[Key]>::to_vec).collect();
+    let per_task = chunks.len().div_ceil(tasks);
+    let start = Instant::now();
+    let handles: Vec<_> = chunks
+        .chunks(per_task)
+        .map(|mine| {
+            let (store, mine) = (store.clone(), mine.to_vec());
+            tokio::spawn(async move {
+                for chunk in mine {
+                    let items: Vec<BeginItem> = chunk
+                        .iter()
+                        .map(|k| BeginItem { key: k.clone(), fingerprint: None, lease: Lease::from_secs(60) })
+                        .collect();
+                    let begun = store.begin_many(&items).await.unwrap();
+                    let completes: Vec<CompleteItem> = chunk
+                        .iter()
+                        .zip(begun)
+                        .filter_map(|(k, b)| match b {
+                            Begin::Acquired(c) => Some(CompleteItem {
+                                key: k.clone(),
+                                token: c.token,
+                                outcome: Some("ok".into()),
+                                retention: Duration::from_secs(600),
+                            }),
+                            _ => None,
+                        })
+                        .collect();
+                    store.complete_many(&completes).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.await.unwrap();
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+async fn used_memory(conn: &mut redis::aio::ConnectionManager) -> i64 {
+    let info: String = redis::cmd("INFO").arg("memory").query_async(conn).await.unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let url = std::env::args().nth(1).unwrap_or_else(|| "redis://127.0.0.1:6399".into());
+    let n: usize = std::env::args().nth(2).map_or(50_000, |a| a.parse().unwrap());
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut admin = client.get_connection_manager().await.unwrap();
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut admin).await.unwrap();
+    let idem = RedisStore::connect(&url).await.unwrap();
+    let peer = Arc::new(ValkeyStore::new(client.clone()).await.unwrap());
+
+    println!("{n} keys + 10 % duplicates per run; deliveries/s (claim, and complete when claimed)");
+    for tasks in [1usize, 64] {
+        let keys_per_run = if tasks == 1 { n / 5 } else { n };
+        for round in 0..2 {
+            let a = idem_run(&idem, &stream(&format!("i{tasks}{round}"), keys_per_run), tasks).await;
+            let b = peer_run(&peer, &stream(&format!("p{tasks}{round}"), keys_per_run), tasks).await;
+            println!(
+                "{tasks:>2} task(s), round {round}: idem {a:>8.0}/s   idempotent 0.3.0 (Valkey store) {b:>8.0}/s   ratio {:.2}",
+                a / b
+            );
+        }
+    }
+    for (batch, tasks) in [(256usize, 1usize), (256, 8)] {
+        let r = idem_batched(&idem, &format!("b{batch}{tasks}"), n * 2, batch, tasks).await;
+        println!("idem begin_many + complete_many, {batch} keys a call, {tasks} task(s): {r:.0} keys/s");
+    }
+
+    // Bytes per record: 1 M completed records (2-byte outcome, 16-byte keys).
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut admin).await.unwrap();
+    let before = used_memory(&mut admin).await;
+    let records = 1_000_000usize;
+    let rate = idem_batched(&idem, "m", records, 1000, 8).await;
+    let after = used_memory(&mut admin).await;
+    let per = (after - before) as f64 / records as f64;
+    let sample = "idem:{bench:m-b-0000000001}:r";
+    let rec: i64 = redis::cmd("MEMORY").arg("USAGE").arg(sample).query_async(&mut admin).await.unwrap();
+    let ctr: i64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg("idem:{bench:m-b-0000000001}:t")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    println!(
+        "memory: {records} completed records written at {rate:.0}/s: {per:.0} bytes each in used_memory (record + token counter); MEMORY USAGE of one: record {rec} B, counter {ctr} B"
+    );
+}
