@@ -31,7 +31,9 @@ fn stream(run: &str, n: usize) -> Vec<String> {
 fn split(keys: &[String], tasks: usize) -> Vec<Vec<String>> {
     let mut parts = vec![Vec::new(); tasks];
     for k in keys {
-        let h = k.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
+        let h = k
+            .bytes()
+            .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
         parts[h % tasks].push(k.clone());
     }
     parts
@@ -48,7 +50,9 @@ async fn idem_run(store: &RedisStore, keys: &[String], tasks: usize) -> f64 {
             tokio::spawn(async move {
                 for k in part {
                     let key = Key::in_namespace(ns.clone(), k).unwrap();
-                    if let Begin::Acquired(c) = store.begin(&key, None, Lease::from_secs(60)).await.unwrap() {
+                    if let Begin::Acquired(c) =
+                        store.begin(&key, None, Lease::from_secs(60)).await.unwrap()
+                    {
                         let done = store
                             .complete(&key, c.token, Some("ok".into()), Duration::from_secs(600))
                             .await
@@ -85,7 +89,10 @@ async fn peer_run(store: &Arc<ValkeyStore>, keys: &[String], tasks: usize) -> f6
                             metadata: Metadata::default(),
                             body: b"ok".to_vec().into(),
                         };
-                        store.complete(&key, entry.complete(response), fencing_token).await.unwrap();
+                        store
+                            .complete(&key, entry.complete(response), fencing_token)
+                            .await
+                            .unwrap();
                     }
                 }
             })
@@ -115,7 +122,11 @@ async fn idem_batched(store: &RedisStore, run: &str, n: usize, batch: usize, tas
                 for chunk in mine {
                     let items: Vec<BeginItem> = chunk
                         .iter()
-                        .map(|k| BeginItem { key: k.clone(), fingerprint: None, lease: Lease::from_secs(60) })
+                        .map(|k| BeginItem {
+                            key: k.clone(),
+                            fingerprint: None,
+                            lease: Lease::from_secs(60),
+                        })
                         .collect();
                     let begun = store.begin_many(&items).await.unwrap();
                     let completes: Vec<CompleteItem> = chunk
@@ -142,8 +153,8 @@ async fn idem_batched(store: &RedisStore, run: &str, n: usize, batch: usize, tas
     n as f64 / start.elapsed().as_secs_f64()
 }
 
-async fn used_memory(conn: &mut redis::aio::ConnectionManager) -> i64 {
-    let info: String = redis::cmd("INFO").arg("memory").query_async(conn).await.unwrap();
+fn used_memory(conn: &mut redis::Connection) -> i64 {
+    let info: String = redis::cmd("INFO").arg("memory").query(conn).unwrap();
     info.lines()
         .find_map(|l| l.strip_prefix("used_memory:"))
         .unwrap()
@@ -154,11 +165,16 @@ async fn used_memory(conn: &mut redis::aio::ConnectionManager) -> i64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let url = std::env::args().nth(1).unwrap_or_else(|| "redis://127.0.0.1:6399".into());
-    let n: usize = std::env::args().nth(2).map_or(50_000, |a| a.parse().unwrap());
+    let url = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "redis://127.0.0.1:6399".into());
+    let n: usize = std::env::args()
+        .nth(2)
+        .map_or(50_000, |a| a.parse().unwrap());
     let client = redis::Client::open(url.as_str()).unwrap();
-    let mut admin = client.get_connection_manager().await.unwrap();
-    let _: () = redis::cmd("FLUSHALL").query_async(&mut admin).await.unwrap();
+    // Blocking and without a time limit: FLUSHALL of millions of keys is slow.
+    let mut admin = client.get_connection().unwrap();
+    let _: () = redis::cmd("FLUSHALL").query(&mut admin).unwrap();
     let idem = RedisStore::connect(&url).await.unwrap();
     let peer = Arc::new(ValkeyStore::new(client.clone()).await.unwrap());
 
@@ -166,8 +182,18 @@ async fn main() {
     for tasks in [1usize, 64] {
         let keys_per_run = if tasks == 1 { n / 5 } else { n };
         for round in 0..2 {
-            let a = idem_run(&idem, &stream(&format!("i{tasks}{round}"), keys_per_run), tasks).await;
-            let b = peer_run(&peer, &stream(&format!("p{tasks}{round}"), keys_per_run), tasks).await;
+            let a = idem_run(
+                &idem,
+                &stream(&format!("i{tasks}{round}"), keys_per_run),
+                tasks,
+            )
+            .await;
+            let b = peer_run(
+                &peer,
+                &stream(&format!("p{tasks}{round}"), keys_per_run),
+                tasks,
+            )
+            .await;
             println!(
                 "{tasks:>2} task(s), round {round}: idem {a:>8.0}/s   idempotent 0.3.0 (Valkey store) {b:>8.0}/s   ratio {:.2}",
                 a / b
@@ -176,23 +202,28 @@ async fn main() {
     }
     for (batch, tasks) in [(256usize, 1usize), (256, 8)] {
         let r = idem_batched(&idem, &format!("b{batch}{tasks}"), n * 2, batch, tasks).await;
-        println!("idem begin_many + complete_many, {batch} keys a call, {tasks} task(s): {r:.0} keys/s");
+        println!(
+            "idem begin_many + complete_many, {batch} keys a call, {tasks} task(s): {r:.0} keys/s"
+        );
     }
 
     // Bytes per record: 1 M completed records (2-byte outcome, 16-byte keys).
-    let _: () = redis::cmd("FLUSHALL").query_async(&mut admin).await.unwrap();
-    let before = used_memory(&mut admin).await;
+    let _: () = redis::cmd("FLUSHALL").query(&mut admin).unwrap();
+    let before = used_memory(&mut admin);
     let records = 1_000_000usize;
     let rate = idem_batched(&idem, "m", records, 1000, 8).await;
-    let after = used_memory(&mut admin).await;
+    let after = used_memory(&mut admin);
     let per = (after - before) as f64 / records as f64;
     let sample = "idem:{bench:m-b-0000000001}:r";
-    let rec: i64 = redis::cmd("MEMORY").arg("USAGE").arg(sample).query_async(&mut admin).await.unwrap();
+    let rec: i64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(sample)
+        .query(&mut admin)
+        .unwrap();
     let ctr: i64 = redis::cmd("MEMORY")
         .arg("USAGE")
         .arg("idem:{bench:m-b-0000000001}:t")
-        .query_async(&mut admin)
-        .await
+        .query(&mut admin)
         .unwrap();
     println!(
         "memory: {records} completed records written at {rate:.0}/s: {per:.0} bytes each in used_memory (record + token counter); MEMORY USAGE of one: record {rec} B, counter {ctr} B"

@@ -234,6 +234,9 @@ impl RedisStore {
     }
 }
 
+/// Most items in one script call, so one call never holds Redis for long.
+const ITEMS_PER_CALL: usize = 256;
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -344,7 +347,7 @@ fn parse_record(v: &Value) -> Result<Option<Record>, StoreError> {
             .and_then(number)
             .ok_or_else(|| corrupt("a record", v))
     };
-    let fingerprint = match field(b"f").and_then(bytes) {
+    let fingerprint = match field(b"f").and_then(bytes).filter(|b| !b.is_empty()) {
         Some(b) => Some(Fingerprint::from_bytes(
             b[..].try_into().map_err(|_| corrupt("a fingerprint", v))?,
         )),
@@ -375,34 +378,98 @@ impl Inner {
         self.conn.clone()
     }
 
-    fn begin_invocation(&self, item: &BeginItem) -> redis::Cmd {
-        let fp = item
-            .fingerprint
-            .map_or(Vec::new(), |f| f.to_bytes().to_vec());
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.scripts.begin.get_hash())
-            .arg(2)
-            .arg(record_key(&item.key))
-            .arg(counter_key(&item.key))
-            .arg(fp)
-            .arg(millis(item.lease.duration()))
-            .arg(self.abandoned_ms)
-            .arg(self.counter_ttl_ms);
-        cmd
+    /// `begin` for `items`, in as few script calls as the slots allow.
+    async fn begin_items(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
+        let calls = items.iter().map(|i| {
+            let fp = i.fingerprint.map_or(Vec::new(), |f| f.to_bytes().to_vec());
+            (
+                vec![record_key(&i.key), counter_key(&i.key)],
+                vec![fp, millis(i.lease.duration()).to_string().into_bytes()],
+            )
+        });
+        let shared = [
+            self.abandoned_ms.to_string().into_bytes(),
+            self.counter_ttl_ms.to_string().into_bytes(),
+        ];
+        let replies = self
+            .run_script(&self.scripts.begin, &shared, calls.collect())
+            .await?;
+        replies.iter().map(parse_begin).collect()
     }
 
-    fn complete_invocation(&self, item: &CompleteItem) -> redis::Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.scripts.complete.get_hash())
-            .arg(2)
-            .arg(record_key(&item.key))
-            .arg(counter_key(&item.key))
-            .arg(item.token.get().to_string())
-            .arg(millis(item.retention))
-            .arg(if item.outcome.is_some() { "1" } else { "0" })
-            .arg(item.outcome.as_deref().unwrap_or(b""))
-            .arg(self.counter_ttl_ms);
-        cmd
+    /// `complete` for `items`, in as few script calls as the slots allow.
+    async fn complete_items(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {
+        let calls = items.iter().map(|i| {
+            (
+                vec![record_key(&i.key)],
+                vec![
+                    i.token.get().to_string().into_bytes(),
+                    millis(i.retention).to_string().into_bytes(),
+                    if i.outcome.is_some() {
+                        b"1".to_vec()
+                    } else {
+                        b"0".to_vec()
+                    },
+                    i.outcome.as_deref().unwrap_or(b"").to_vec(),
+                ],
+            )
+        });
+        let replies = self
+            .run_script(&self.scripts.complete, &[], calls.collect())
+            .await?;
+        replies.iter().map(|v| fenced("complete", v)).collect()
+    }
+
+    /// Runs a many-item `script` over `items` (each its keys and its
+    /// arguments): items are grouped by hash slot and cut into calls of at
+    /// most [`ITEMS_PER_CALL`], and all calls go out in one pipelined round
+    /// trip (one per slot on a cluster). Answers each item, in order.
+    async fn run_script(
+        &self,
+        script: &Script,
+        shared: &[Vec<u8>],
+        items: Vec<(Vec<Vec<u8>>, Vec<Vec<u8>>)>,
+    ) -> Result<Vec<Value>, StoreError> {
+        let cluster = matches!(self.conn, Conn::Cluster(_));
+        let mut groups: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+        for (i, (keys, _)) in items.iter().enumerate() {
+            let group = if cluster { slot(&keys[0]) } else { 0 };
+            groups.entry(group).or_default().push(i);
+        }
+        let mut cmds = Vec::new();
+        let mut first_keys = Vec::new();
+        let mut members = Vec::new();
+        for idx in groups.values() {
+            for chunk in idx.chunks(ITEMS_PER_CALL) {
+                let mut cmd = redis::cmd("EVALSHA");
+                let nkeys: usize = chunk.iter().map(|&i| items[i].0.len()).sum();
+                cmd.arg(script.get_hash()).arg(nkeys);
+                for &i in chunk {
+                    cmd.arg(&items[i].0);
+                }
+                cmd.arg(shared);
+                for &i in chunk {
+                    cmd.arg(&items[i].1);
+                }
+                cmds.push(cmd);
+                first_keys.push(items[chunk[0]].0[0].clone());
+                members.push(chunk);
+            }
+        }
+        let replies = self.pipelined(&cmds, &first_keys).await?;
+        let mut answers = vec![Value::Nil; items.len()];
+        for (chunk, reply) in members.into_iter().zip(replies) {
+            let Value::Array(per_item) = reply else {
+                return Err(corrupt("a script call", &reply));
+            };
+            if per_item.len() != chunk.len() {
+                return Err(corrupt("a script call", &Value::Array(per_item)));
+            }
+            for (&i, v) in chunk.iter().zip(per_item) {
+                answers[i] = v;
+            }
+        }
+        Ok(answers)
     }
 
     /// Runs `cmds`, whose keys are `keys` (one each; may be empty for a
@@ -568,11 +635,8 @@ impl Store for RedisStore {
             fingerprint,
             lease,
         };
-        let reply = self
-            .inner
-            .pipelined(&[self.inner.begin_invocation(&item)], &[])
-            .await?;
-        parse_begin(reply.first().unwrap_or(&Value::Nil))
+        let mut answers = self.inner.begin_items(std::slice::from_ref(&item)).await?;
+        Ok(answers.pop().expect("one answer per item"))
     }
 
     async fn complete(
@@ -591,11 +655,11 @@ impl Store for RedisStore {
             outcome,
             retention,
         };
-        let reply = self
+        let mut answers = self
             .inner
-            .pipelined(&[self.inner.complete_invocation(&item)], &[])
+            .complete_items(std::slice::from_ref(&item))
             .await?;
-        fenced("complete", reply.first().unwrap_or(&Value::Nil))
+        Ok(answers.pop().expect("one answer per item"))
     }
 
     async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
@@ -652,13 +716,7 @@ impl Store for RedisStore {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        let cmds: Vec<_> = items
-            .iter()
-            .map(|i| self.inner.begin_invocation(i))
-            .collect();
-        let keys: Vec<_> = items.iter().map(|i| record_key(&i.key)).collect();
-        let replies = self.inner.pipelined(&cmds, &keys).await?;
-        replies.iter().map(parse_begin).collect()
+        self.inner.begin_items(items).await
     }
 
     async fn complete_many(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {
@@ -666,13 +724,7 @@ impl Store for RedisStore {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        let cmds: Vec<_> = items
-            .iter()
-            .map(|i| self.inner.complete_invocation(i))
-            .collect();
-        let keys: Vec<_> = items.iter().map(|i| record_key(&i.key)).collect();
-        let replies = self.inner.pipelined(&cmds, &keys).await?;
-        replies.iter().map(|v| fenced("complete", v)).collect()
+        self.inner.complete_items(items).await
     }
 
     async fn scan(&self, query: &ScanQuery) -> Result<Vec<Entry>, StoreError> {

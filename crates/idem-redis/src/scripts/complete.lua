@@ -1,17 +1,24 @@
--- complete. KEYS: record, token counter.
--- ARGV: token, retention ms, '1' when an outcome follows, outcome,
--- counter ttl ms. Returns 1 (done) or 0 (stale).
+-- complete, for one or many keys in one call (all in one hash slot on a
+-- cluster). KEYS: record, for each item. ARGV, for each item: token,
+-- retention ms, '1' when an outcome follows, outcome.
+-- Returns, for each item, 1 (done) or 0 (stale).
 local now = now_ms()
-local r = redis.call('HMGET', KEYS[1], 's', 't', 'l')
-if not owns(r, ARGV[1], now) then
-  return 0
+local out = {}
+for i = 1, #KEYS do
+  local rec = KEYS[i]
+  local token, retention = ARGV[4 * i - 3], tonumber(ARGV[4 * i - 2])
+  local r = redis.call('HMGET', rec, 's', 't', 'l')
+  if owns(r, token, now) then
+    local expires = fmt(now + retention)
+    if ARGV[4 * i - 1] == '1' then
+      redis.call('HSET', rec, 's', 'c', 'l', expires, 'b', fmt(now), 'o', ARGV[4 * i])
+    else
+      redis.call('HSET', rec, 's', 'c', 'l', expires, 'b', fmt(now))
+    end
+    redis.call('PEXPIREAT', rec, expires)
+    out[i] = 1
+  else
+    out[i] = 0
+  end
 end
-local expires = now + tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 's', 'c', 'l', fmt(expires), 'b', fmt(now))
-if ARGV[3] == '1' then
-  redis.call('HSET', KEYS[1], 'o', ARGV[4])
-end
-redis.call('PEXPIREAT', KEYS[1], fmt(expires))
--- The counter outlives the record it numbers.
-redis.call('PEXPIRE', KEYS[2], fmt(tonumber(ARGV[2]) + tonumber(ARGV[5])))
-return 1
+return out
