@@ -234,6 +234,9 @@ impl RedisStore {
     }
 }
 
+/// One item of a many-item script call: its keys, and its arguments.
+type ScriptItem = (Vec<Vec<u8>>, Vec<Vec<u8>>);
+
 /// Most items in one script call, so one call never holds Redis for long.
 const ITEMS_PER_CALL: usize = 256;
 
@@ -428,7 +431,7 @@ impl Inner {
         &self,
         script: &Script,
         shared: &[Vec<u8>],
-        items: Vec<(Vec<Vec<u8>>, Vec<Vec<u8>>)>,
+        items: Vec<ScriptItem>,
     ) -> Result<Vec<Value>, StoreError> {
         let cluster = matches!(self.conn, Conn::Cluster(_));
         let mut groups: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
