@@ -18,20 +18,22 @@
 //!
 //! # Keys
 //!
-//! For key `K` in namespace `N`: the record is a hash at `idem:{N:K}:r` with
-//! short fields (`s` state, `t` token, `f` fingerprint, `l` lease or
-//! retention end, `a` attempts, `b` start or completion, `o` outcome); the
-//! token counter is `idem:{N:K}:t`. The braces make both one hash slot, so a
-//! script may touch both on Redis Cluster.
+//! For key `K` in namespace `N`: one hash at `idem:{N:K}:r` with short
+//! fields (`s` state, `t` token, `f` fingerprint, `l` lease or retention end,
+//! `a` attempts, `b` start or completion, `o` outcome), expiring with the
+//! lease (plus `abandoned_retention`) or the retention. One key per record:
+//! nothing else to leak or to pay memory for.
 //!
 //! # Fencing tokens
 //!
-//! A token is the key's counter plus one, raised to at least
-//! `TIME in ms × 1024`. So tokens keep increasing even after the counter
-//! expired or Redis lost its data (a restart without persistence), as long as
-//! Redis's clock moves forward and one key is not acquired more than 1 024
-//! times in a millisecond. The counter expires `counter_ttl` (30 days by
-//! default) after the key's last record.
+//! A token is the last token the record remembers plus one, raised to at
+//! least `TIME in ms × 1024`. So tokens keep increasing after a record
+//! expired or was released, and after Redis lost its data (a restart without
+//! persistence): the clock has moved on, and with it the floor. This holds
+//! as long as Redis's clock does not step backwards and one key is not
+//! acquired more than 1 024 times in a millisecond. A released key keeps its
+//! token for `tombstone_ttl` (1 hour by default), which covers small clock
+//! steps between a release and the next acquisition.
 #![deny(missing_docs)]
 
 use std::sync::Arc;
@@ -104,7 +106,7 @@ struct Inner {
     scripts: Scripts,
     limits: Limits,
     abandoned_ms: u64,
-    counter_ttl_ms: u64,
+    tombstone_ms: u64,
 }
 
 struct Scripts {
@@ -131,7 +133,7 @@ pub struct RedisStoreBuilder {
     cluster: bool,
     limits: Limits,
     abandoned_retention: Duration,
-    counter_ttl: Duration,
+    tombstone_ttl: Duration,
     timeout: Duration,
 }
 
@@ -149,10 +151,9 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How long a key's token counter outlives its last record (default
-    /// 30 days).
-    pub fn counter_ttl(mut self, d: Duration) -> Self {
-        self.counter_ttl = d;
+    /// How long a released key remembers its last token (default 1 hour).
+    pub fn tombstone_ttl(mut self, d: Duration) -> Self {
+        self.tombstone_ttl = d;
         self
     }
 
@@ -199,7 +200,7 @@ impl RedisStoreBuilder {
                 },
                 limits: self.limits,
                 abandoned_ms: millis(self.abandoned_retention),
-                counter_ttl_ms: millis(self.counter_ttl).max(1),
+                tombstone_ms: millis(self.tombstone_ttl).max(1),
             }),
         })
     }
@@ -228,7 +229,7 @@ impl RedisStore {
             cluster,
             limits: Limits::default(),
             abandoned_retention: DEFAULT_ABANDONED_RETENTION,
-            counter_ttl: Duration::from_secs(30 * 24 * 3600),
+            tombstone_ttl: Duration::from_secs(3600),
             timeout: Duration::from_secs(2),
         }
     }
@@ -258,10 +259,6 @@ fn redis_key(key: &Key, suffix: &[u8]) -> Vec<u8> {
 
 fn record_key(key: &Key) -> Vec<u8> {
     redis_key(key, b"}:r")
-}
-
-fn counter_key(key: &Key) -> Vec<u8> {
-    redis_key(key, b"}:t")
 }
 
 fn unavailable(e: redis::RedisError) -> StoreError {
@@ -356,8 +353,13 @@ fn parse_record(v: &Value) -> Result<Option<Record>, StoreError> {
         )),
         None => None,
     };
+    let state = field(b"s").and_then(bytes);
+    if state.as_deref() == Some(b"r") {
+        // A released key's tombstone: absent to readers.
+        return Ok(None);
+    }
     let token = FencingToken::new(num(b"t")?);
-    Ok(Some(match field(b"s").and_then(bytes).as_deref() {
+    Ok(Some(match state.as_deref() {
         Some(b"p") => Record::InProgress(InProgress {
             token,
             fingerprint,
@@ -386,14 +388,11 @@ impl Inner {
         let calls = items.iter().map(|i| {
             let fp = i.fingerprint.map_or(Vec::new(), |f| f.to_bytes().to_vec());
             (
-                vec![record_key(&i.key), counter_key(&i.key)],
+                vec![record_key(&i.key)],
                 vec![fp, millis(i.lease.duration()).to_string().into_bytes()],
             )
         });
-        let shared = [
-            self.abandoned_ms.to_string().into_bytes(),
-            self.counter_ttl_ms.to_string().into_bytes(),
-        ];
+        let shared = [self.abandoned_ms.to_string().into_bytes()];
         let replies = self
             .run_script(&self.scripts.begin, &shared, calls.collect())
             .await?;
@@ -673,6 +672,7 @@ impl Store for RedisStore {
             .release
             .key(record_key(key))
             .arg(token.get().to_string())
+            .arg(self.inner.tombstone_ms)
             .invoke_async(&mut self.inner.conn())
             .await
             .map_err(unavailable)?;

@@ -16,7 +16,6 @@ async fn subject() -> Option<Subject<RedisStore>> {
     let nodes: Vec<&str> = urls.split(',').collect();
     let store = RedisStore::cluster_builder(&nodes)
         .timeout(Duration::from_secs(5))
-        .counter_ttl(Duration::from_secs(600))
         .connect()
         .await;
     match store {

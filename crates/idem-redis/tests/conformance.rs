@@ -10,8 +10,6 @@ async fn subject() -> Option<Subject<RedisStore>> {
     let url = services::url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
     let store = RedisStore::builder(&url)
         .timeout(Duration::from_secs(5))
-        // Test keys should not linger in a developer's Redis.
-        .counter_ttl(Duration::from_secs(600))
         .connect()
         .await;
     match store {

@@ -1,5 +1,6 @@
 //! What the Redis store does beyond the shared contract: Redis expires
-//! records by itself, and a Redis restart (which loses everything without
+//! records by itself, a released key keeps only a tombstone, and a Redis
+//! restart (which loses everything without
 //! persistence) leaves the store working, with records absent and tokens
 //! still increasing.
 
@@ -24,7 +25,7 @@ fn key(k: &str) -> Key {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_itself_expires_records_and_leaves_the_counter() {
+async fn redis_itself_expires_records() {
     let Some(store) = shared().await else { return };
     let url = services::url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
     let client = redis::Client::open(url.as_str()).unwrap();
@@ -115,6 +116,54 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_leaves_a_tombstone_that_only_remembers_the_token() {
+    let Some(store) = shared().await else { return };
+    let url = services::url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let k = key("tombstone");
+    let record = format!(
+        "idem:{{redis-behaviour:{}}}:r",
+        String::from_utf8_lossy(k.bytes())
+    );
+    let Begin::Acquired(c) = store.begin(&k, None, Lease::from_secs(5)).await.unwrap() else {
+        panic!("acquire");
+    };
+    assert_eq!(store.release(&k, c.token).await.unwrap(), Fenced::Ok(()));
+    assert_eq!(
+        store.get(&k).await.unwrap(),
+        None,
+        "a released key is absent"
+    );
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(&record)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(fields.len(), 2, "only state and token are kept: {fields:?}");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&record)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(ttl > 0 && ttl <= 3_600_000, "the tombstone expires: {ttl}");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!(
+            "idem:{{redis-behaviour:{}*",
+            String::from_utf8_lossy(k.bytes())
+        ))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "one key per record: {keys:?}");
+    let Begin::Acquired(again) = store.begin(&k, None, Lease::from_secs(5)).await.unwrap() else {
+        panic!("a released key is acquired again");
+    };
+    assert!(again.token > c.token);
+    assert_eq!(again.attempt, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

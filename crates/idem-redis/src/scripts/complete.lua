@@ -3,17 +3,18 @@
 -- retention ms, '1' when an outcome follows, outcome.
 -- Returns, for each item, 1 (done) or 0 (stale).
 local now = now_ms()
+local now_text = fmt(now)
 local out = {}
 for i = 1, #KEYS do
   local rec = KEYS[i]
   local token, retention = ARGV[4 * i - 3], tonumber(ARGV[4 * i - 2])
   local r = redis.call('HMGET', rec, 's', 't', 'l')
   if owns(r, token, now) then
-    local expires = fmt(now + retention)
+    local expires = now + retention
     if ARGV[4 * i - 1] == '1' then
-      redis.call('HSET', rec, 's', 'c', 'l', expires, 'b', fmt(now), 'o', ARGV[4 * i])
+      redis.call('HSET', rec, 's', 'c', 'l', fmt(expires), 'b', now_text, 'o', ARGV[4 * i])
     else
-      redis.call('HSET', rec, 's', 'c', 'l', expires, 'b', fmt(now))
+      redis.call('HSET', rec, 's', 'c', 'l', fmt(expires), 'b', now_text)
     end
     redis.call('PEXPIREAT', rec, expires)
     out[i] = 1
