@@ -36,6 +36,10 @@
 //! steps between a release and the next acquisition.
 #![deny(missing_docs)]
 
+mod lock;
+
+pub use self::lock::{Lock, LockGuard};
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -103,6 +107,9 @@ impl ConnectionLike for Conn {
 
 struct Inner {
     conn: Conn,
+    /// For connections of their own (a lock waiter's `BLPOP`); standalone
+    /// only.
+    client: Option<redis::Client>,
     scripts: Scripts,
     limits: Limits,
     abandoned_ms: u64,
@@ -114,6 +121,10 @@ struct Scripts {
     complete: Script,
     release: Script,
     extend: Script,
+    lock_acquire: Script,
+    lock_release: Script,
+    lock_renew: Script,
+    lock_leave: Script,
 }
 
 macro_rules! script {
@@ -169,6 +180,7 @@ impl RedisStoreBuilder {
             url: self.nodes.join(","),
             source,
         };
+        let mut client_for_waiters = None;
         let conn = if self.cluster {
             let client = redis::cluster::ClusterClientBuilder::new(self.nodes.clone())
                 .connection_timeout(self.timeout)
@@ -178,6 +190,7 @@ impl RedisStoreBuilder {
             Conn::Cluster(client.get_async_connection().await.map_err(fail)?)
         } else {
             let client = redis::Client::open(self.nodes[0].as_str()).map_err(fail)?;
+            client_for_waiters = Some(client.clone());
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(self.timeout))
                 .set_response_timeout(Some(self.timeout))
@@ -192,11 +205,16 @@ impl RedisStoreBuilder {
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 conn,
+                client: client_for_waiters,
                 scripts: Scripts {
                     begin: script!("begin.lua"),
                     complete: script!("complete.lua"),
                     release: script!("release.lua"),
                     extend: script!("extend.lua"),
+                    lock_acquire: script!("lock_acquire.lua"),
+                    lock_release: script!("lock_release.lua"),
+                    lock_renew: script!("lock_renew.lua"),
+                    lock_leave: script!("lock_leave.lua"),
                 },
                 limits: self.limits,
                 abandoned_ms: millis(self.abandoned_retention),
@@ -210,6 +228,11 @@ impl RedisStore {
     /// Connects to `url` (`redis://HOST:PORT[/DB]`) with default settings.
     pub async fn connect(url: &str) -> Result<Self, ConnectError> {
         Self::builder(url).connect().await
+    }
+
+    /// A distributed lock named `name` on this store's Redis; see [`Lock`].
+    pub fn lock(&self, name: &str) -> Lock {
+        Lock::new(self.inner.clone(), name)
     }
 
     /// Configures a store for the standalone Redis at `url`.

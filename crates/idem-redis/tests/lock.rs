@@ -1,0 +1,208 @@
+//! The distributed lock on a real Redis: mutual exclusion under contention,
+//! the watchdog, a dead holder's expiry with a larger token, owner-only
+//! release, and first-come-first-served waiting.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_redis::RedisStore;
+use idem_testkit::services;
+use tokio::sync::Mutex;
+
+async fn store() -> Option<(RedisStore, redis::aio::MultiplexedConnection)> {
+    let url = services::url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    match RedisStore::connect(&url).await {
+        Ok(s) => {
+            let raw = redis::Client::open(url.as_str())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            Some((s, raw))
+        }
+        Err(e) => services::absent("Redis", &url, e),
+    }
+}
+
+fn name(n: &str) -> String {
+    format!(
+        "{n}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_two_contending_tasks_never_overlap() {
+    let Some((store, _)) = store().await else {
+        return;
+    };
+    let lock = store.lock(&name("mutex")).lease(Duration::from_secs(5));
+    let counter = Arc::new(AtomicUsize::new(0));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let (lock, counter, inside, tokens) = (
+                lock.clone(),
+                counter.clone(),
+                inside.clone(),
+                tokens.clone(),
+            );
+            tokio::spawn(async move {
+                for _ in 0..3 {
+                    let guard = lock
+                        .try_lock(Duration::from_secs(60))
+                        .await
+                        .unwrap()
+                        .expect("acquired in time");
+                    assert_eq!(
+                        inside.fetch_add(1, Ordering::SeqCst),
+                        0,
+                        "two holders at once"
+                    );
+                    // A read-modify-write that a second holder would break.
+                    let v = counter.load(Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    counter.store(v + 1, Ordering::SeqCst);
+                    tokens.lock().await.push(guard.token());
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    assert!(guard.release().await.unwrap());
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), 96);
+    let tokens = tokens.lock().await;
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens increase with each acquisition"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_keeps_a_long_holder_alive() {
+    let Some((store, _)) = store().await else {
+        return;
+    };
+    let lock = store
+        .lock(&name("watchdog"))
+        .lease(Duration::from_millis(300));
+    let guard = lock.try_lock(Duration::ZERO).await.unwrap().unwrap();
+    for _ in 0..4 {
+        // Three leases and more.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert!(
+            lock.try_lock(Duration::ZERO).await.unwrap().is_none(),
+            "taken from a live holder"
+        );
+    }
+    assert!(!guard.is_lost());
+    assert!(guard.release().await.unwrap());
+    assert!(lock.try_lock(Duration::ZERO).await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_holders_lock_expires_and_the_next_gets_a_larger_token() {
+    let Some((store, mut raw)) = store().await else {
+        return;
+    };
+    let n = name("dead");
+    let lock = store.lock(&n).lease(Duration::from_secs(5));
+    let first = lock.try_lock(Duration::ZERO).await.unwrap().unwrap();
+    let t1 = first.token();
+    assert!(first.release().await.unwrap());
+    // Another process took the lock and died: its value stays until its
+    // lease runs out, and nobody renews it.
+    let _: () = redis::cmd("SET")
+        .arg(format!("idem:{{lock:{n}}}"))
+        .arg("a-process-that-died")
+        .arg("PX")
+        .arg(400)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(lock.try_lock(Duration::ZERO).await.unwrap().is_none());
+    let next = lock
+        .try_lock(Duration::from_secs(3))
+        .await
+        .unwrap()
+        .expect("the dead lease ran out");
+    assert!(next.token() > t1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_owner_can_release_and_a_lost_lock_is_reported() {
+    let Some((store, mut raw)) = store().await else {
+        return;
+    };
+    let n = name("owner");
+    let lock = store.lock(&n).lease(Duration::from_millis(300));
+    let guard = lock.try_lock(Duration::ZERO).await.unwrap().unwrap();
+    // Someone else now owns it (as after an expiry and a takeover).
+    let _: () = redis::cmd("SET")
+        .arg(format!("idem:{{lock:{n}}}"))
+        .arg("someone-else")
+        .arg("PX")
+        .arg(10_000)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("the watchdog reports the lost lock");
+    assert!(
+        !guard.release().await.unwrap(),
+        "a non-owner's release is refused"
+    );
+    let value: String = redis::cmd("GET")
+        .arg(format!("idem:{{lock:{n}}}"))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(value, "someone-else", "the other owner's lock is untouched");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_served_first_come_first_served() {
+    let Some((store, _)) = store().await else {
+        return;
+    };
+    let lock = store.lock(&name("fair")).lease(Duration::from_secs(5));
+    let holder = lock.try_lock(Duration::ZERO).await.unwrap().unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..4 {
+        let (lock, order) = (lock.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let g = lock
+                .try_lock(Duration::from_secs(10))
+                .await
+                .unwrap()
+                .unwrap();
+            order.lock().await.push(i);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            g.release().await.unwrap();
+        }));
+        // Each waiter is in line before the next arrives.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let started = tokio::time::Instant::now();
+    assert!(holder.release().await.unwrap());
+    for w in waiters {
+        w.await.unwrap();
+    }
+    assert_eq!(*order.lock().await, [0, 1, 2, 3]);
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "waiters were woken, not left to the once-a-second poll: {:?}",
+        started.elapsed()
+    );
+}
