@@ -114,6 +114,8 @@ struct Inner {
     limits: Limits,
     abandoned_ms: u64,
     tombstone_ms: u64,
+    /// `WAIT` after completions: replicas, and how long to wait for them.
+    replicas: Option<(u32, Duration)>,
 }
 
 struct Scripts {
@@ -146,6 +148,7 @@ pub struct RedisStoreBuilder {
     abandoned_retention: Duration,
     tombstone_ttl: Duration,
     timeout: Duration,
+    replicas: Option<(u32, Duration)>,
 }
 
 impl RedisStoreBuilder {
@@ -165,6 +168,17 @@ impl RedisStoreBuilder {
     /// How long a released key remembers its last token (default 1 hour).
     pub fn tombstone_ttl(mut self, d: Duration) -> Self {
         self.tombstone_ttl = d;
+        self
+    }
+
+    /// After each `complete`, wait until `replicas` replicas have the write
+    /// (`WAIT`), for at most `timeout`. This narrows, and cannot close, the
+    /// window in which a failover loses an acknowledged completion: Redis
+    /// replication stays asynchronous, a replica that acknowledged can still
+    /// lose the write, and when fewer replicas answer in time the
+    /// completion stands anyway (it is logged). Off by default.
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replicas = (replicas > 0).then_some((replicas, timeout));
         self
     }
 
@@ -219,6 +233,7 @@ impl RedisStoreBuilder {
                 limits: self.limits,
                 abandoned_ms: millis(self.abandoned_retention),
                 tombstone_ms: millis(self.tombstone_ttl).max(1),
+                replicas: self.replicas,
             }),
         })
     }
@@ -253,6 +268,7 @@ impl RedisStore {
             limits: Limits::default(),
             abandoned_retention: DEFAULT_ABANDONED_RETENTION,
             tombstone_ttl: Duration::from_secs(3600),
+            replicas: None,
             timeout: Duration::from_secs(2),
         }
     }
@@ -442,7 +458,56 @@ impl Inner {
         let replies = self
             .run_script(&self.scripts.complete, &[], calls.collect())
             .await?;
-        replies.iter().map(|v| fenced("complete", v)).collect()
+        let answers: Vec<Fenced> = replies
+            .iter()
+            .map(|v| fenced("complete", v))
+            .collect::<Result<_, _>>()?;
+        if let Some((replicas, timeout)) = self.replicas
+            && answers.iter().any(|a| !a.is_stale())
+        {
+            self.wait_for_replicas(items, replicas, timeout).await;
+        }
+        Ok(answers)
+    }
+
+    /// `WAIT` on the node of each item's key (all of them on a standalone
+    /// Redis); too few replicas in time is logged, not an error.
+    async fn wait_for_replicas(&self, items: &[CompleteItem], replicas: u32, timeout: Duration) {
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(replicas).arg(millis(timeout));
+        let routes: Vec<Option<u16>> = match &self.conn {
+            Conn::Single(_) => vec![None],
+            Conn::Cluster(_) => {
+                let slots: std::collections::BTreeSet<u16> =
+                    items.iter().map(|i| slot(&record_key(&i.key))).collect();
+                slots.into_iter().map(Some).collect()
+            }
+        };
+        for route in routes {
+            let acked: Result<Value, _> = match (&self.conn, route) {
+                (Conn::Cluster(c), Some(slot)) => {
+                    let target = redis::cluster_routing::Route::new(
+                        slot,
+                        redis::cluster_routing::SlotAddr::Master,
+                    );
+                    c.clone()
+                        .route_command(
+                            cmd.clone(),
+                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(target)),
+                        )
+                        .await
+                }
+                _ => cmd.query_async(&mut self.conn()).await,
+            };
+            match acked.as_ref().ok().and_then(number) {
+                Some(n) if n >= u64::from(replicas) => {}
+                _ => tracing::warn!(
+                    wanted = replicas,
+                    answer = ?acked,
+                    "fewer replicas than asked acknowledged a completion in time; it stands on the primary"
+                ),
+            }
+        }
     }
 
     /// Runs a many-item `script` over `items` (each its keys and its

@@ -73,6 +73,10 @@ struct OwnRedis {
 
 impl OwnRedis {
     async fn start(port: u16) -> Self {
+        Self::start_with(port, &[]).await
+    }
+
+    async fn start_with(port: u16, extra: &[&str]) -> Self {
         let child = Command::new("redis-server")
             .args([
                 "--port",
@@ -84,6 +88,7 @@ impl OwnRedis {
                 "--appendonly",
                 "no",
             ])
+            .args(extra)
             .stdout(Stdio::null())
             .kill_on_drop(true)
             .spawn()
@@ -226,4 +231,105 @@ async fn a_redis_restart_loses_records_but_not_the_store() {
         after.token > before.token,
         "tokens keep increasing across a Redis that lost its data"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_replicas_makes_a_completion_visible_on_the_replica() {
+    if std::process::Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        return services::absent("redis-server", "PATH", "not installed").unwrap_or(());
+    }
+    let (pp, rp) = (free_port(), free_port());
+    let _primary = OwnRedis::start(pp).await;
+    let _replica = OwnRedis::start_with(rp, &["--replicaof", "127.0.0.1", &pp.to_string()]).await;
+    let primary_url = format!("redis://127.0.0.1:{pp}");
+    let mut raw_primary = redis::Client::open(primary_url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    for _ in 0..100 {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut raw_primary)
+            .await
+            .unwrap();
+        if info.contains("connected_slaves:1") && info.contains("state=online") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let store = RedisStore::builder(&primary_url)
+        .wait_for_replicas(1, Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let mut raw_replica = redis::Client::open(format!("redis://127.0.0.1:{rp}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    for i in 0..20 {
+        let k = key(&format!("wait-{i}"));
+        let record = format!(
+            "idem:{{redis-behaviour:{}}}:r",
+            String::from_utf8_lossy(k.bytes())
+        );
+        let Begin::Acquired(c) = store.begin(&k, None, Lease::from_secs(5)).await.unwrap() else {
+            panic!("acquire");
+        };
+        let done = store
+            .complete(&k, c.token, Some("x".into()), Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(done, Fenced::Ok(()));
+        let state: Option<String> = redis::cmd("HGET")
+            .arg(&record)
+            .arg("s")
+            .query_async(&mut raw_replica)
+            .await
+            .unwrap();
+        assert_eq!(
+            state.as_deref(),
+            Some("c"),
+            "the replica had the completion when complete returned"
+        );
+    }
+    // Each completion waited for the replica (WAIT ran on the primary).
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut raw_primary)
+        .await
+        .unwrap();
+    let waits: u64 = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_wait:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(waits >= 20, "WAIT ran {waits} times for 20 completions");
+    // Asking for more replicas than exist: the completion stands, after the timeout.
+    let greedy = RedisStore::builder(&primary_url)
+        .wait_for_replicas(2, Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    let k = key("wait-greedy");
+    let Begin::Acquired(c) = greedy.begin(&k, None, Lease::from_secs(5)).await.unwrap() else {
+        panic!("acquire");
+    };
+    assert_eq!(
+        greedy
+            .complete(&k, c.token, None, Duration::from_secs(60))
+            .await
+            .unwrap(),
+        Fenced::Ok(())
+    );
+    assert!(matches!(
+        greedy.get(&k).await.unwrap(),
+        Some(idem_core::Record::Completed(_))
+    ));
 }
