@@ -207,6 +207,35 @@ async fn main() {
         );
     }
 
+    // The lock: acquire + release pairs per second, 1 and 16 tasks on one lock.
+    for tasks in [1usize, 16] {
+        let lock = idem
+            .lock(&format!("bench-{tasks}"))
+            .lease(Duration::from_secs(10));
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let pairs = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let handles: Vec<_> = (0..tasks)
+            .map(|_| {
+                let (lock, pairs) = (lock.clone(), pairs.clone());
+                tokio::spawn(async move {
+                    while Instant::now() < deadline {
+                        if let Some(g) = lock.try_lock(Duration::from_secs(5)).await.unwrap() {
+                            g.release().await.unwrap();
+                            pairs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.await.unwrap();
+        }
+        println!(
+            "lock, {tasks} task(s) contending: {:.0} acquire+release pairs/s",
+            pairs.load(std::sync::atomic::Ordering::Relaxed) as f64 / 3.0
+        );
+    }
+
     // Bytes per record: 1 M completed records (2-byte outcome, 14-byte keys).
     let _: () = redis::cmd("FLUSHALL").query(&mut admin).unwrap();
     let before = used_memory(&mut admin);
