@@ -20,6 +20,15 @@ async fn shared() -> Option<RedisStore> {
     }
 }
 
+/// A plain connection, to look at what the store wrote.
+async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
 fn key(k: &str) -> Key {
     Key::new("redis-behaviour", format!("{k}-{}", std::process::id())).unwrap()
 }
@@ -27,9 +36,11 @@ fn key(k: &str) -> Key {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_itself_expires_records() {
     let Some(store) = shared().await else { return };
-    let url = services::url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let mut raw = raw(&services::url(
+        "IDEM_TEST_REDIS_URL",
+        "redis://127.0.0.1:6379",
+    ))
+    .await;
     let k = key("expiry");
     let record = format!(
         "idem:{{redis-behaviour:{}}}:r",
@@ -126,9 +137,11 @@ fn free_port() -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_leaves_a_tombstone_that_only_remembers_the_token() {
     let Some(store) = shared().await else { return };
-    let url = services::url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let mut raw = raw(&services::url(
+        "IDEM_TEST_REDIS_URL",
+        "redis://127.0.0.1:6379",
+    ))
+    .await;
     let k = key("tombstone");
     let record = format!(
         "idem:{{redis-behaviour:{}}}:r",
@@ -246,11 +259,7 @@ async fn wait_for_replicas_makes_a_completion_visible_on_the_replica() {
     let _primary = OwnRedis::start(pp).await;
     let _replica = OwnRedis::start_with(rp, &["--replicaof", "127.0.0.1", &pp.to_string()]).await;
     let primary_url = format!("redis://127.0.0.1:{pp}");
-    let mut raw_primary = redis::Client::open(primary_url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut raw_primary = raw(&primary_url).await;
     for _ in 0..100 {
         let info: String = redis::cmd("INFO")
             .arg("replication")
@@ -267,11 +276,7 @@ async fn wait_for_replicas_makes_a_completion_visible_on_the_replica() {
         .connect()
         .await
         .unwrap();
-    let mut raw_replica = redis::Client::open(format!("redis://127.0.0.1:{rp}"))
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut raw_replica = raw(&format!("redis://127.0.0.1:{rp}")).await;
     for i in 0..20 {
         let k = key(&format!("wait-{i}"));
         let record = format!(

@@ -406,12 +406,7 @@ async fn begin_batch(
     Ns(ns): Ns,
     Body(r): Body<BeginBatch>,
 ) -> Result<Json<BeginBatchAnswer>, Problem> {
-    let items = r
-        .items
-        .into_iter()
-        .enumerate()
-        .map(|(i, r)| begin_item(&ns, r, &state.config).map_err(|p| in_item(p, i)))
-        .collect::<Result<Vec<_>, _>>()?;
+    let items = batch_items(&ns, r.items, &state.config, begin_item)?;
     let answers = state
         .store
         .begin_many(&items)
@@ -435,12 +430,7 @@ async fn complete_batch(
     Ns(ns): Ns,
     Body(r): Body<CompleteBatch>,
 ) -> Result<Json<CompleteBatchAnswer>, Problem> {
-    let items = r
-        .items
-        .into_iter()
-        .enumerate()
-        .map(|(i, r)| complete_item(&ns, r, &state.config).map_err(|p| in_item(p, i)))
-        .collect::<Result<Vec<_>, _>>()?;
+    let items = batch_items(&ns, r.items, &state.config, complete_item)?;
     let answers = state
         .store
         .complete_many(&items)
@@ -463,9 +453,23 @@ async fn complete_batch(
     Ok(Json(CompleteBatchAnswer { results }))
 }
 
-fn in_item(mut p: Problem, index: usize) -> Problem {
-    p.detail = format!("batch item {index}: {}", p.detail);
-    p
+/// Converts each request of a batch, naming the first bad one.
+fn batch_items<R, T>(
+    ns: &Namespace,
+    requests: Vec<R>,
+    config: &ApiConfig,
+    convert: fn(&Namespace, R, &ApiConfig) -> Result<T, Problem>,
+) -> Result<Vec<T>, Problem> {
+    requests
+        .into_iter()
+        .enumerate()
+        .map(|(index, r)| {
+            convert(ns, r, config).map_err(|mut p| {
+                p.detail = format!("batch item {index}: {}", p.detail);
+                p
+            })
+        })
+        .collect()
 }
 
 /// A record as stored, for inspection.
