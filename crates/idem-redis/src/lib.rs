@@ -18,11 +18,11 @@
 //!
 //! # Keys
 //!
-//! For key `K` in namespace `N`: one hash at `idem:{N:K}:r` with short
-//! fields (`s` state, `t` token, `f` fingerprint, `l` lease or retention end,
-//! `a` attempts, `b` start or completion, `o` outcome), expiring with the
-//! lease (plus `abandoned_retention`) or the retention. One key per record:
-//! nothing else to leak or to pay memory for.
+//! For key `K` in namespace `N`: one string at `idem:{N:K}:r`, the record
+//! packed in 30 bytes plus fingerprint and outcome (layout in
+//! `scripts/prelude.lua`), expiring with the lease (plus
+//! `abandoned_retention`) or the retention. One key per record: nothing else
+//! to leak or to pay memory for.
 //!
 //! # Fencing tokens
 //!
@@ -359,63 +359,60 @@ fn fenced(what: &str, v: &Value) -> Result<Fenced, StoreError> {
     }
 }
 
-/// A record from its hash fields (`HGETALL`), `None` when there is none.
+/// A record from its packed value (`GET`), `None` when there is none (or
+/// only a released key's tombstone). Layout: see `scripts/prelude.lua`.
 fn parse_record(v: &Value) -> Result<Option<Record>, StoreError> {
-    let pairs: Vec<(&[u8], &Value)> = match v {
-        Value::Array(a) if a.is_empty() => return Ok(None),
-        Value::Map(m) if m.is_empty() => return Ok(None),
-        Value::Array(a) => a
-            .chunks(2)
-            .filter_map(|p| match p {
-                [Value::BulkString(k), v] => Some((&k[..], v)),
-                _ => None,
-            })
-            .collect(),
-        Value::Map(m) => m
-            .iter()
-            .filter_map(|(k, v)| match k {
-                Value::BulkString(k) => Some((&k[..], v)),
-                _ => None,
-            })
-            .collect(),
+    let bytes = match v {
+        Value::Nil => return Ok(None),
+        Value::BulkString(b) => &b[..],
         _ => return Err(corrupt("a record", v)),
     };
-    let field = |name: &[u8]| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
-    let num = |name: &[u8]| {
-        field(name)
-            .and_then(number)
-            .ok_or_else(|| corrupt("a record", v))
-    };
-    let fingerprint = match field(b"f").and_then(bytes).filter(|b| !b.is_empty()) {
-        Some(b) => Some(Fingerprint::from_bytes(
-            b[..].try_into().map_err(|_| corrupt("a fingerprint", v))?,
-        )),
-        None => None,
-    };
-    let state = field(b"s").and_then(bytes);
-    if state.as_deref() == Some(b"r") {
-        // A released key's tombstone: absent to readers.
-        return Ok(None);
+    let bad = || corrupt("a record", v);
+    if bytes.len() < HEAD {
+        return Err(bad());
     }
-    let token = FencingToken::new(num(b"t")?);
-    Ok(Some(match state.as_deref() {
-        Some(b"p") => Record::InProgress(InProgress {
+    let int = |at: usize, n: usize| {
+        let mut buf = [0u8; 8];
+        buf[..n].copy_from_slice(&bytes[at..at + n]);
+        u64::from_le_bytes(buf)
+    };
+    let (state, flags) = (bytes[0], bytes[1]);
+    let token = FencingToken::new(int(2, 8));
+    let until = Timestamp::from_millis(int(10, 8));
+    let attempts = u32::try_from(int(18, 4)).unwrap_or(u32::MAX);
+    let since = Timestamp::from_millis(int(22, 8));
+    let mut rest = &bytes[HEAD..];
+    let fingerprint = if flags & 1 != 0 {
+        let (fp, tail) = rest.split_at_checked(16).ok_or_else(bad)?;
+        rest = tail;
+        Some(Fingerprint::from_bytes(fp.try_into().expect("16 bytes")))
+    } else {
+        None
+    };
+    let outcome = (flags & 2 != 0).then(|| Bytes::copy_from_slice(rest));
+    Ok(Some(match state {
+        b'p' => Record::InProgress(InProgress {
             token,
             fingerprint,
-            lease_expires_at: Timestamp::from_millis(num(b"l")?),
-            attempts: u32::try_from(num(b"a")?).unwrap_or(u32::MAX),
-            started_at: Timestamp::from_millis(num(b"b")?),
+            lease_expires_at: until,
+            attempts,
+            started_at: since,
         }),
-        Some(b"c") => Record::Completed(Completed {
+        b'c' => Record::Completed(Completed {
             token,
             fingerprint,
-            outcome: field(b"o").and_then(bytes),
-            completed_at: Timestamp::from_millis(num(b"b")?),
-            expires_at: Timestamp::from_millis(num(b"l")?),
+            outcome,
+            completed_at: since,
+            expires_at: until,
         }),
-        _ => return Err(corrupt("a record's state", v)),
+        // A released key's tombstone: absent to readers.
+        b'r' => return Ok(None),
+        _ => return Err(bad()),
     }))
 }
+
+/// The packed header's length: state, flags, token, end, attempts, since.
+const HEAD: usize = 1 + 1 + 8 + 8 + 4 + 8;
 
 impl Inner {
     fn conn(&self) -> Conn {
@@ -794,7 +791,7 @@ impl Store for RedisStore {
 
     async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         self.inner.limits.check_key(key)?;
-        let v: Value = redis::cmd("HGETALL")
+        let v: Value = redis::cmd("GET")
             .arg(record_key(key))
             .query_async(&mut self.inner.conn())
             .await
@@ -840,11 +837,11 @@ impl Store for RedisStore {
             let keys: Vec<Vec<u8>> = chunk.iter().map(|(_, k)| k.clone()).collect();
             let cmds: Vec<Cmd> = keys
                 .iter()
-                .map(|k| redis::cmd("HGETALL").arg(k).clone())
+                .map(|k| redis::cmd("GET").arg(k).clone())
                 .collect();
             let records = self.inner.pipelined(&cmds, &keys).await?;
             for ((inner, _), v) in chunk.iter().zip(&records) {
-                // Gone (expired) between SCAN and HGETALL: absent.
+                // Gone (expired) between SCAN and GET: absent.
                 let Some(record) = parse_record(v)? else {
                     continue;
                 };

@@ -3,53 +3,47 @@
 -- ARGV: abandoned retention ms; then for each item: fingerprint ('' for
 -- none), lease ms.
 -- Returns, for each item: {'a', token, lease_expires_at, attempt} |
--- {'i', retry_after} | {'c', completed_at, outcome or nil} | {'m'}.
+-- {'i', retry_after} | {'c', completed_at, outcome or nothing} | {'m'}.
 local now = now_ms()
-local now_text = fmt(now)
 local floor = now * 1024
 local abandoned = tonumber(ARGV[1])
 local out = {}
 
--- Both fingerprints present and different.
-local function differs(stored, fp)
-  return stored and stored ~= '' and fp ~= '' and stored ~= fp
-end
-
 for i = 1, #KEYS do
   local rec = KEYS[i]
   local fp, lease = ARGV[2 * i], tonumber(ARGV[2 * i + 1])
-  local r = redis.call('HMGET', rec, 's', 't', 'f', 'l', 'a', 'b', 'o')
+  if fp == '' then
+    fp = nil
+  end
+  local r = decode(redis.call('GET', rec))
+  -- Both fingerprints present and different.
+  local differs = r and r.fp and fp and r.fp ~= fp
   local attempt = 1
   local answer = nil
-  if r[1] == 'p' then
-    local until_ = tonumber(r[4])
-    if until_ <= now then
-      attempt = tonumber(r[5]) + 1
-    elseif differs(r[3], fp) then
+  if r and r.s == 'p' then
+    if r.l <= now then
+      attempt = r.a + 1
+    elseif differs then
       answer = {'m'}
     else
-      answer = {'i', until_ - now}
+      answer = {'i', r.l - now}
     end
-  elseif r[1] == 'c' and tonumber(r[4]) > now then
-    if differs(r[3], fp) then
+  elseif r and r.s == 'c' and r.l > now then
+    if differs then
       answer = {'m'}
     else
-      answer = {'c', r[6], r[7]}
+      answer = {'c', fmt(r.b), r.o}
     end
   end
   if not answer then
     -- The last token the record remembers plus one, but at least the
     -- time × 1024: tokens keep increasing after the record expired or Redis
     -- lost its data, as long as the clock moves forward.
-    local tok = fmt(math.max(tonumber(r[2] or 0) + 1, floor))
-    local lease_until = fmt(now + lease)
-    if r[7] then
-      redis.call('HDEL', rec, 'o')
-    end
-    redis.call('HSET', rec, 's', 'p', 't', tok, 'l', lease_until, 'a', attempt, 'b', now_text,
-      'f', fp)
-    redis.call('PEXPIREAT', rec, now + lease + abandoned)
-    answer = {'a', tok, lease_until, attempt}
+    local token = math.max((r and r.t or 0) + 1, floor)
+    local lease_until = now + lease
+    redis.call('SET', rec, encode({s = 'p', t = token, l = lease_until, a = attempt, b = now, fp = fp}),
+      'PXAT', fmt(lease_until + abandoned))
+    answer = {'a', fmt(token), fmt(lease_until), attempt}
   end
   out[i] = answer
 end

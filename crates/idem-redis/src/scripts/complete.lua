@@ -3,20 +3,18 @@
 -- retention ms, '1' when an outcome follows, outcome.
 -- Returns, for each item, 1 (done) or 0 (stale).
 local now = now_ms()
-local now_text = fmt(now)
 local out = {}
 for i = 1, #KEYS do
   local rec = KEYS[i]
-  local token, retention = ARGV[4 * i - 3], tonumber(ARGV[4 * i - 2])
-  local r = redis.call('HMGET', rec, 's', 't', 'l')
-  if owns(r, token, now) then
-    local expires = now + retention
+  local r = decode(redis.call('GET', rec))
+  if owns(r, ARGV[4 * i - 3], now) then
+    r.s = 'c'
+    r.l = now + tonumber(ARGV[4 * i - 2])
+    r.b = now
     if ARGV[4 * i - 1] == '1' then
-      redis.call('HSET', rec, 's', 'c', 'l', fmt(expires), 'b', now_text, 'o', ARGV[4 * i])
-    else
-      redis.call('HSET', rec, 's', 'c', 'l', fmt(expires), 'b', now_text)
+      r.o = ARGV[4 * i]
     end
-    redis.call('PEXPIREAT', rec, expires)
+    redis.call('SET', rec, encode(r), 'PXAT', fmt(r.l))
     out[i] = 1
   else
     out[i] = 0
