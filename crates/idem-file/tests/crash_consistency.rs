@@ -2,6 +2,7 @@
 //! acknowledged completion is there, no record is corrupt, and fencing tokens
 //! continue above every token issued before the crash.
 
+use idem_testkit::cases::acquired;
 use std::collections::HashMap;
 use std::io::Write;
 use std::process::Stdio;
@@ -44,11 +45,8 @@ async fn crash_child_writer() {
             tokio::spawn(async move {
                 for i in 0.. {
                     let key = Key::new("crash", format!("k{run}-{task}-{i}")).unwrap();
-                    let Begin::Acquired(claim) =
-                        store.begin(&key, None, Lease::from_secs(60)).await.unwrap()
-                    else {
-                        panic!("fresh keys are always acquired");
-                    };
+                    let claim =
+                        acquired(store.begin(&key, None, Lease::from_secs(60)).await.unwrap());
                     let outcome = key.bytes().clone();
                     let done = store
                         .complete(&key, claim.token, Some(outcome), Duration::from_secs(3600))
@@ -136,13 +134,12 @@ async fn crash_once(dir: &std::path::Path, mode_name: &str, round: u32) -> (usiz
     assert!(all >= acked.len());
     let max = acked.values().max().copied().unwrap_or(0);
     let fresh = Key::new("crash", format!("after-{round}")).unwrap();
-    let Begin::Acquired(claim) = store
-        .begin(&fresh, None, Lease::from_secs(1))
-        .await
-        .unwrap()
-    else {
-        panic!("a fresh key is acquired");
-    };
+    let claim = acquired(
+        store
+            .begin(&fresh, None, Lease::from_secs(1))
+            .await
+            .unwrap(),
+    );
     assert!(
         claim.token.get() > max,
         "token {} after the crash is not above {max}",

@@ -2,6 +2,7 @@
 //! live ones survive a clean restart, and a directory takes one store at a
 //! time.
 
+use idem_testkit::cases::acquired;
 use std::time::Duration;
 
 use idem_core::{Begin, Fenced, Key, Lease, ManualClock, Record, Store};
@@ -12,9 +13,7 @@ fn dir() -> tempfile::TempDir {
 }
 
 async fn finish(store: &FileStore, key: &Key, outcome: &'static str, retention: Duration) {
-    let Begin::Acquired(c) = store.begin(key, None, Lease::from_secs(10)).await.unwrap() else {
-        panic!("should acquire {key}");
-    };
+    let c = acquired(store.begin(key, None, Lease::from_secs(10)).await.unwrap());
     let done = store
         .complete(key, c.token, Some(outcome.into()), retention)
         .await
@@ -85,13 +84,12 @@ async fn completed_records_survive_a_restart_and_claims_do_not() {
     let old_token = {
         let store = FileStore::open(dir.path()).unwrap();
         finish(&store, &done, "kept", Duration::from_secs(3600)).await;
-        let Begin::Acquired(c) = store
-            .begin(&held, None, Lease::from_secs(600))
-            .await
-            .unwrap()
-        else {
-            panic!()
-        };
+        let c = acquired(
+            store
+                .begin(&held, None, Lease::from_secs(600))
+                .await
+                .unwrap(),
+        );
         c.token
     };
     let store = FileStore::open(dir.path()).expect("reopens once the first store is dropped");
@@ -108,9 +106,7 @@ async fn completed_records_survive_a_restart_and_claims_do_not() {
             .unwrap(),
         Fenced::Stale
     );
-    let Begin::Acquired(c) = store.begin(&held, None, Lease::from_secs(1)).await.unwrap() else {
-        panic!()
-    };
+    let c = acquired(store.begin(&held, None, Lease::from_secs(1)).await.unwrap());
     assert!(c.token > old_token);
 }
 

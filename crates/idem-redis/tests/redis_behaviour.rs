@@ -4,6 +4,7 @@
 //! persistence) leaves the store working, with records absent and tokens
 //! still increasing.
 
+use idem_testkit::cases::acquired;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -46,9 +47,7 @@ async fn redis_itself_expires_records() {
         "idem:{{redis-behaviour:{}}}:r",
         String::from_utf8_lossy(k.bytes())
     );
-    let Begin::Acquired(c) = store.begin(&k, None, Lease::from_secs(5)).await.unwrap() else {
-        panic!("acquire");
-    };
+    let c = acquired(store.begin(&k, None, Lease::from_secs(5)).await.unwrap());
     let done = store
         .complete(&k, c.token, Some("x".into()), Duration::from_millis(300))
         .await
@@ -70,9 +69,7 @@ async fn redis_itself_expires_records() {
         .await
         .unwrap();
     assert!(!exists, "Redis removed the expired record");
-    let Begin::Acquired(again) = store.begin(&k, None, Lease::from_secs(5)).await.unwrap() else {
-        panic!("an expired key is acquired again");
-    };
+    let again = acquired(store.begin(&k, None, Lease::from_secs(5)).await.unwrap());
     assert!(again.token > c.token);
 }
 
@@ -147,9 +144,7 @@ async fn release_leaves_a_tombstone_that_only_remembers_the_token() {
         "idem:{{redis-behaviour:{}}}:r",
         String::from_utf8_lossy(k.bytes())
     );
-    let Begin::Acquired(c) = store.begin(&k, None, Lease::from_secs(5)).await.unwrap() else {
-        panic!("acquire");
-    };
+    let c = acquired(store.begin(&k, None, Lease::from_secs(5)).await.unwrap());
     assert_eq!(store.release(&k, c.token).await.unwrap(), Fenced::Ok(()));
     assert_eq!(
         store.get(&k).await.unwrap(),
@@ -182,9 +177,7 @@ async fn release_leaves_a_tombstone_that_only_remembers_the_token() {
         .await
         .unwrap();
     assert_eq!(keys.len(), 1, "one key per record: {keys:?}");
-    let Begin::Acquired(again) = store.begin(&k, None, Lease::from_secs(5)).await.unwrap() else {
-        panic!("a released key is acquired again");
-    };
+    let again = acquired(store.begin(&k, None, Lease::from_secs(5)).await.unwrap());
     assert!(again.token > c.token);
     assert_eq!(again.attempt, 1);
 }
@@ -207,9 +200,7 @@ async fn a_redis_restart_loses_records_but_not_the_store() {
         .await
         .unwrap();
     let k = key("restart");
-    let Begin::Acquired(before) = store.begin(&k, None, Lease::from_secs(60)).await.unwrap() else {
-        panic!("acquire");
-    };
+    let before = acquired(store.begin(&k, None, Lease::from_secs(60)).await.unwrap());
     let done = store
         .complete(
             &k,
@@ -288,9 +279,7 @@ async fn wait_for_replicas_makes_a_completion_visible_on_the_replica() {
             "idem:{{redis-behaviour:{}}}:r",
             String::from_utf8_lossy(k.bytes())
         );
-        let Begin::Acquired(c) = store.begin(&k, None, Lease::from_secs(5)).await.unwrap() else {
-            panic!("acquire");
-        };
+        let c = acquired(store.begin(&k, None, Lease::from_secs(5)).await.unwrap());
         let done = store
             .complete(&k, c.token, Some("x".into()), Duration::from_secs(60))
             .await
@@ -327,9 +316,7 @@ async fn wait_for_replicas_makes_a_completion_visible_on_the_replica() {
         .await
         .unwrap();
     let k = key("wait-greedy");
-    let Begin::Acquired(c) = greedy.begin(&k, None, Lease::from_secs(5)).await.unwrap() else {
-        panic!("acquire");
-    };
+    let c = acquired(greedy.begin(&k, None, Lease::from_secs(5)).await.unwrap());
     assert_eq!(
         greedy
             .complete(&k, c.token, None, Duration::from_secs(60))
