@@ -1,7 +1,8 @@
-//! One task, sequential calls: where does idem's Redis latency go?
+//! One task, sequential calls: where does idem's Redis latency go? Rounds
+//! interleave the variants; medians of per-round means.
 use std::time::{Duration, Instant};
 
-use idem_core::{Key, Lease, Store};
+use idem_core::{FencingToken, Key, Lease, Store};
 use idem_redis::RedisStore;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -12,49 +13,102 @@ async fn main() {
     let store = RedisStore::connect(&url).await.unwrap();
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut cm = client.get_connection_manager().await.unwrap();
-    let n = 3000;
-    let t = Instant::now();
-    for i in 0..n {
-        let _: Option<String> = redis::cmd("GET")
-            .arg(format!("lat-{i}"))
-            .query_async(&mut cm)
-            .await
-            .unwrap();
-    }
-    println!("raw GET via ConnectionManager: {:?}/call", t.elapsed() / n);
-    let t = Instant::now();
-    for i in 0..n {
-        let k = Key::new("lat", format!("g-{i}")).unwrap();
-        store.get(&k).await.unwrap();
-    }
-    println!("idem get (HGETALL): {:?}/call", t.elapsed() / n);
-    let t = Instant::now();
-    for i in 0..n {
-        let k = Key::new("lat", format!("b-{i}-{}", std::process::id())).unwrap();
-        let _ = store.begin(&k, None, Lease::from_secs(5)).await.unwrap();
-    }
-    println!("idem begin (script): {:?}/call", t.elapsed() / n);
-    let t = Instant::now();
-    for i in 0..n {
-        let k = Key::new("lat", format!("r-{i}")).unwrap();
-        let _ = store
-            .release(&k, idem_core::FencingToken::new(1))
-            .await
-            .unwrap();
-    }
-    println!(
-        "idem release (script, no pipeline): {:?}/call",
-        t.elapsed() / n
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg("return redis.call('GET', KEYS[1])")
+        .query_async(&mut cm)
+        .await
+        .unwrap();
+    let begin_src = format!(
+        "{}{}{}",
+        include_str!("../../../crates/idem-redis/src/scripts/time.lua"),
+        include_str!("../../../crates/idem-redis/src/scripts/record.lua"),
+        include_str!("../../../crates/idem-redis/src/scripts/begin.lua")
     );
-    let t = Instant::now();
-    for i in 0..n {
-        let mut p = redis::pipe();
-        p.cmd("GET").arg(format!("lat-{i}"));
-        let _: Vec<Option<String>> = p.query_async(&mut cm).await.unwrap();
+    let begin_sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(&begin_src)
+        .query_async(&mut cm)
+        .await
+        .unwrap();
+    let n = 500;
+    let pid = std::process::id();
+    let names = [
+        "raw GET",
+        "raw GET, 1-command pipeline",
+        "raw EVALSHA (GET in Lua)",
+        "raw EVALSHA of idem's begin",
+        "idem get",
+        "idem begin",
+        "idem release",
+    ];
+    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
+    for round in 0..20 {
+        for (v, slot) in times.iter_mut().enumerate() {
+            let t = Instant::now();
+            for i in 0..n {
+                let k = format!("lat-{pid}-{round}-{i}");
+                match v {
+                    0 => {
+                        let _: Option<String> = redis::cmd("GET")
+                            .arg(&k)
+                            .query_async(&mut cm)
+                            .await
+                            .unwrap();
+                    }
+                    1 => {
+                        let mut p = redis::pipe();
+                        p.cmd("GET").arg(&k);
+                        let _: Vec<Option<String>> = p.query_async(&mut cm).await.unwrap();
+                    }
+                    2 => {
+                        let _: Option<String> = redis::cmd("EVALSHA")
+                            .arg(&sha)
+                            .arg(1)
+                            .arg(&k)
+                            .query_async(&mut cm)
+                            .await
+                            .unwrap();
+                    }
+                    3 => {
+                        let _: redis::Value = redis::cmd("EVALSHA")
+                            .arg(&begin_sha)
+                            .arg(1)
+                            .arg(format!("idem:{{lat:{k}}}:r"))
+                            .arg("1")
+                            .arg(5000)
+                            .arg(3_605_001)
+                            .arg("")
+                            .query_async(&mut cm)
+                            .await
+                            .unwrap();
+                    }
+                    4 => {
+                        store.get(&Key::new("lat", k).unwrap()).await.unwrap();
+                    }
+                    5 => {
+                        let _ = store
+                            .begin(&Key::new("lat", k).unwrap(), None, Lease::from_secs(5))
+                            .await
+                            .unwrap();
+                    }
+                    _ => {
+                        let _ = store
+                            .release(&Key::new("lat", k).unwrap(), FencingToken::new(1))
+                            .await
+                            .unwrap();
+                    }
+                }
+            }
+            slot.push(t.elapsed() / n);
+        }
     }
-    println!(
-        "raw GET as a 1-command pipeline: {:?}/call",
-        t.elapsed() / n
-    );
-    let _ = Duration::ZERO;
+    for (name, mut t) in names.iter().zip(times) {
+        t.sort();
+        println!(
+            "{name:<30} median {:?}/call (best round {:?})",
+            t[t.len() / 2],
+            t[0]
+        );
+    }
 }

@@ -9,7 +9,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use idem_core::{Begin, Fenced, Key, Lease, Namespace, Record, ScanQuery, Store};
+use idem_core::{Fenced, Key, Lease, Namespace, Record, ScanQuery, Store};
 use idem_file::{Durability, FileStore};
 use tokio::io::{AsyncBufReadExt, BufReader};
 

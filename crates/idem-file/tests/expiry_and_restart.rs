@@ -5,7 +5,7 @@
 use idem_testkit::cases::acquired;
 use std::time::Duration;
 
-use idem_core::{Begin, Fenced, Key, Lease, ManualClock, Record, Store};
+use idem_core::{Fenced, Key, Lease, ManualClock, Record, Store};
 use idem_file::FileStore;
 
 fn dir() -> tempfile::TempDir {

@@ -3,7 +3,10 @@
 //! Every operation of the store contract is one atomic Lua script call
 //! (`EVALSHA`, reloaded on `NOSCRIPT`), on Redis's clock (`TIME`), with
 //! Redis's own key expiry for leases and retention. Batches are one
-//! pipelined round trip.
+//! pipelined round trip, and single `begin`s and `complete`s made at the
+//! same time are sent together as one many-item call (see
+//! [`RedisStoreBuilder::coalesce`]). Needs Redis 6.2 or later (or Valkey);
+//! on 7.0 and later a first claim is a single `SET … NX GET`.
 //!
 //! ```no_run
 //! use idem_core::{Guard, Key};
@@ -20,7 +23,7 @@
 //!
 //! For key `K` in namespace `N`: one string at `idem:{N:K}:r`, the record
 //! packed in 30 bytes plus fingerprint and outcome (layout in
-//! `scripts/prelude.lua`), expiring with the lease (plus
+//! `scripts/record.lua`), expiring with the lease (plus
 //! `abandoned_retention`) or the retention. One key per record: nothing else
 //! to leak or to pay memory for.
 //!
@@ -36,6 +39,7 @@
 //! steps between a release and the next acquisition.
 #![deny(missing_docs)]
 
+mod coalesce;
 mod lock;
 
 pub use self::lock::{Lock, LockGuard};
@@ -54,6 +58,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
 
+use crate::coalesce::Coalescer;
+
 /// Why [`RedisStore::connect`] failed.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot connect to Redis at {url}: {source}")]
@@ -68,6 +74,13 @@ pub struct ConnectError {
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
+    /// Gathers concurrent single `begin`s and `complete`s into batches.
+    batches: Option<Arc<Batches>>,
+}
+
+struct Batches {
+    begin: Coalescer<BeginItem, Begin>,
+    complete: Coalescer<CompleteItem, Fenced>,
 }
 
 /// A standalone Redis (reconnecting, multiplexed) or a Redis Cluster.
@@ -116,6 +129,8 @@ struct Inner {
     tombstone_ms: u64,
     /// `WAIT` after completions: replicas, and how long to wait for them.
     replicas: Option<(u32, Duration)>,
+    /// Whether Redis takes `SET` with both `NX` and `GET` (7.0 and later).
+    nx_get: bool,
 }
 
 struct Scripts {
@@ -129,12 +144,12 @@ struct Scripts {
     lock_leave: Script,
 }
 
+/// A script from `scripts/`: the shared parts it needs (`time.lua`,
+/// `record.lua`), then its own file. Each part is run on every call, so a
+/// script takes only what it uses.
 macro_rules! script {
-    ($file:literal) => {
-        Script::new(concat!(
-            include_str!("scripts/prelude.lua"),
-            include_str!(concat!("scripts/", $file))
-        ))
+    ($($file:literal),+) => {
+        Script::new(concat!($(include_str!(concat!("scripts/", $file))),+))
     };
 }
 
@@ -149,6 +164,9 @@ pub struct RedisStoreBuilder {
     tombstone_ttl: Duration,
     timeout: Duration,
     replicas: Option<(u32, Duration)>,
+    coalesce: bool,
+    /// Use `GET` then `SET` even where `SET … NX GET` is known.
+    plain_commands: bool,
 }
 
 impl RedisStoreBuilder {
@@ -179,6 +197,25 @@ impl RedisStoreBuilder {
     /// completion stands anyway (it is logged). Off by default.
     pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
         self.replicas = (replicas > 0).then_some((replicas, timeout));
+        self
+    }
+
+    /// Whether single `begin`s and `complete`s issued at the same time are
+    /// sent together as one many-item script call (default on). A call that
+    /// finds nothing in flight always goes straight out, so this costs a
+    /// lone caller nothing; under concurrency it saves Redis most of its
+    /// per-call work.
+    pub fn coalesce(mut self, on: bool) -> Self {
+        self.coalesce = on;
+        self
+    }
+
+    /// Claims fresh keys with `GET` then `SET`, as on a Redis before 7.0,
+    /// even where `SET … NX GET` is known: lets the tests run that path on
+    /// a current Redis.
+    #[doc(hidden)]
+    pub fn plain_commands(mut self) -> Self {
+        self.plain_commands = true;
         self
     }
 
@@ -216,26 +253,40 @@ impl RedisStoreBuilder {
                     .map_err(fail)?,
             )
         };
-        Ok(RedisStore {
-            inner: Arc::new(Inner {
-                conn,
-                client: client_for_waiters,
-                scripts: Scripts {
-                    begin: script!("begin.lua"),
-                    complete: script!("complete.lua"),
-                    release: script!("release.lua"),
-                    extend: script!("extend.lua"),
-                    lock_acquire: script!("lock_acquire.lua"),
-                    lock_release: script!("lock_release.lua"),
-                    lock_renew: script!("lock_renew.lua"),
-                    lock_leave: script!("lock_leave.lua"),
-                },
-                limits: self.limits,
-                abandoned_ms: millis(self.abandoned_retention),
-                tombstone_ms: millis(self.tombstone_ttl).max(1),
-                replicas: self.replicas,
-            }),
-        })
+        let nx_get = !self.plain_commands && supports_nx_get(&conn).await;
+        let inner = Arc::new(Inner {
+            conn,
+            client: client_for_waiters,
+            scripts: Scripts {
+                begin: script!("time.lua", "record.lua", "begin.lua"),
+                complete: script!("time.lua", "complete.lua"),
+                release: script!("time.lua", "record.lua", "release.lua"),
+                extend: script!("time.lua", "record.lua", "extend.lua"),
+                lock_acquire: script!("time.lua", "lock_acquire.lua"),
+                lock_release: script!("lock_release.lua"),
+                lock_renew: script!("lock_renew.lua"),
+                lock_leave: script!("lock_leave.lua"),
+            },
+            limits: self.limits,
+            abandoned_ms: millis(self.abandoned_retention),
+            tombstone_ms: millis(self.tombstone_ttl).max(1),
+            replicas: self.replicas,
+            nx_get,
+        });
+        let batches = self.coalesce.then(|| {
+            let (b, c) = (inner.clone(), inner.clone());
+            Arc::new(Batches {
+                begin: Coalescer::start(move |items: Vec<BeginItem>| {
+                    let inner = b.clone();
+                    async move { inner.begin_items(&items).await }
+                }),
+                complete: Coalescer::start(move |items: Vec<CompleteItem>| {
+                    let inner = c.clone();
+                    async move { inner.complete_items(&items).await }
+                }),
+            })
+        });
+        Ok(RedisStore { inner, batches })
     }
 }
 
@@ -270,12 +321,22 @@ impl RedisStore {
             tombstone_ttl: Duration::from_secs(3600),
             replicas: None,
             timeout: Duration::from_secs(2),
+            coalesce: true,
+            plain_commands: false,
         }
     }
 }
 
-/// One item of a many-item script call: its keys, and its arguments.
-type ScriptItem = (Vec<Vec<u8>>, Vec<Vec<u8>>);
+/// One item of a many-item script call.
+struct ScriptItem {
+    /// Its record's key.
+    key: Vec<u8>,
+    /// Its own arguments.
+    args: Vec<Vec<u8>>,
+    /// Items of one group share a call (they share what the script takes
+    /// once a call).
+    group: u64,
+}
 
 /// Most items in one script call, so one call never holds Redis for long.
 const ITEMS_PER_CALL: usize = 256;
@@ -326,18 +387,29 @@ fn bytes(v: &Value) -> Option<Bytes> {
     }
 }
 
-fn parse_begin(v: &Value) -> Result<Begin, StoreError> {
+/// One item's answer from the begin script, which ran at `now` (ms); a
+/// lease it granted lasts `lease_ms`.
+fn parse_begin(v: &Value, now: u64, lease_ms: u64) -> Result<Begin, StoreError> {
     let bad = || corrupt("begin", v);
-    let Value::Array(items) = v else {
-        return Err(bad());
+    let lease_expires_at = Timestamp::from_millis(now.saturating_add(lease_ms));
+    let items = match v {
+        Value::Array(items) => items,
+        Value::Int(_) => {
+            return Ok(Begin::Acquired(Claim {
+                token: FencingToken::new(number(v).ok_or_else(bad)?),
+                lease_expires_at,
+                attempt: 1,
+            }));
+        }
+        _ => return Err(bad()),
     };
     let tag = items.first().and_then(bytes).ok_or_else(bad)?;
     let num = |i: usize| items.get(i).and_then(number).ok_or_else(bad);
     Ok(match &tag[..] {
         b"a" => Begin::Acquired(Claim {
             token: FencingToken::new(num(1)?),
-            lease_expires_at: Timestamp::from_millis(num(2)?),
-            attempt: u32::try_from(num(3)?).unwrap_or(u32::MAX),
+            lease_expires_at,
+            attempt: u32::try_from(num(2)?).unwrap_or(u32::MAX),
         }),
         b"i" => Begin::InProgress {
             retry_after: Duration::from_millis(num(1)?.max(1)),
@@ -360,7 +432,7 @@ fn fenced(what: &str, v: &Value) -> Result<Fenced, StoreError> {
 }
 
 /// A record from its packed value (`GET`), `None` when there is none (or
-/// only a released key's tombstone). Layout: see `scripts/prelude.lua`.
+/// only a released key's tombstone). Layout: see `scripts/record.lua`.
 fn parse_record(v: &Value) -> Result<Option<Record>, StoreError> {
     let bytes = match v {
         Value::Nil => return Ok(None),
@@ -377,10 +449,10 @@ fn parse_record(v: &Value) -> Result<Option<Record>, StoreError> {
         u64::from_le_bytes(buf)
     };
     let (state, flags) = (bytes[0], bytes[1]);
-    let token = FencingToken::new(int(2, 8));
-    let until = Timestamp::from_millis(int(10, 8));
-    let attempts = u32::try_from(int(18, 4)).unwrap_or(u32::MAX);
-    let since = Timestamp::from_millis(int(22, 8));
+    let until = Timestamp::from_millis(int(2, 8));
+    let since = Timestamp::from_millis(int(10, 8));
+    let token = FencingToken::new(int(18, 8));
+    let attempts = u32::try_from(int(26, 4)).unwrap_or(u32::MAX);
     let mut rest = &bytes[HEAD..];
     let fingerprint = if flags & 1 != 0 {
         let (fp, tail) = rest.split_at_checked(16).ok_or_else(bad)?;
@@ -411,7 +483,7 @@ fn parse_record(v: &Value) -> Result<Option<Record>, StoreError> {
     }))
 }
 
-/// The packed header's length: state, flags, token, end, attempts, since.
+/// The packed header's length: state, flags, end, since, token, attempts.
 const HEAD: usize = 1 + 1 + 8 + 8 + 4 + 8;
 
 impl Inner {
@@ -419,45 +491,78 @@ impl Inner {
         self.conn.clone()
     }
 
-    /// `begin` for `items`, in as few script calls as the slots allow.
+    /// `begin` for `items`, in as few script calls as slots and leases
+    /// allow.
     async fn begin_items(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
-        let calls = items.iter().map(|i| {
-            let fp = i.fingerprint.map_or(Vec::new(), |f| f.to_bytes().to_vec());
-            (
-                vec![record_key(&i.key)],
-                vec![fp, millis(i.lease.duration()).to_string().into_bytes()],
-            )
-        });
-        let shared = [self.abandoned_ms.to_string().into_bytes()];
+        let lease_of = |i: usize| millis(items[i].lease.duration());
+        let calls = items
+            .iter()
+            .map(|i| ScriptItem {
+                key: record_key(&i.key),
+                args: vec![i.fingerprint.map_or(Vec::new(), |f| f.to_bytes().to_vec())],
+                group: millis(i.lease.duration()),
+            })
+            .collect();
+        let shared = |chunk: &[usize]| {
+            let lease = lease_of(chunk[0]);
+            let life = lease.saturating_add(self.abandoned_ms).saturating_add(1);
+            vec![
+                if self.nx_get { b"1" } else { b"0" }.to_vec(),
+                lease.to_string().into_bytes(),
+                life.to_string().into_bytes(),
+            ]
+        };
         let replies = self
-            .run_script(&self.scripts.begin, &shared, calls.collect())
+            .run_script(&self.scripts.begin, calls, shared, 1)
             .await?;
-        replies.iter().map(parse_begin).collect()
+        replies
+            .iter()
+            .enumerate()
+            .map(|(i, (head, v))| {
+                let now = number(head).ok_or_else(|| corrupt("begin", head))?;
+                parse_begin(v, now, lease_of(i))
+            })
+            .collect()
     }
 
-    /// `complete` for `items`, in as few script calls as the slots allow.
+    /// `complete` for `items`, in as few script calls as slots and
+    /// retentions allow.
     async fn complete_items(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {
-        let calls = items.iter().map(|i| {
-            (
-                vec![record_key(&i.key)],
-                vec![
-                    i.token.get().to_string().into_bytes(),
-                    millis(i.retention).to_string().into_bytes(),
-                    if i.outcome.is_some() {
-                        b"1".to_vec()
-                    } else {
-                        b"0".to_vec()
-                    },
+        let calls = items
+            .iter()
+            .map(|i| ScriptItem {
+                key: record_key(&i.key),
+                args: vec![
+                    i.token.get().to_le_bytes().to_vec(),
                     i.outcome.as_deref().unwrap_or(b"").to_vec(),
                 ],
-            )
-        });
+                group: millis(i.retention),
+            })
+            .collect();
+        let shared = |chunk: &[usize]| {
+            let retention = millis(items[chunk[0]].retention);
+            let has_outcome: Vec<u8> = chunk
+                .iter()
+                .map(|&i| {
+                    if items[i].outcome.is_some() {
+                        b'1'
+                    } else {
+                        b'0'
+                    }
+                })
+                .collect();
+            vec![
+                retention.to_string().into_bytes(),
+                retention.saturating_add(1).to_string().into_bytes(),
+                has_outcome,
+            ]
+        };
         let replies = self
-            .run_script(&self.scripts.complete, &[], calls.collect())
+            .run_script(&self.scripts.complete, calls, shared, 0)
             .await?;
         let answers: Vec<Fenced> = replies
             .iter()
-            .map(|v| fenced("complete", v))
+            .map(|(_, v)| fenced("complete", v))
             .collect::<Result<_, _>>()?;
         if let Some((replicas, timeout)) = self.replicas
             && answers.iter().any(|a| !a.is_stale())
@@ -507,21 +612,26 @@ impl Inner {
         }
     }
 
-    /// Runs a many-item `script` over `items` (each its keys and its
-    /// arguments): items are grouped by hash slot and cut into calls of at
-    /// most [`ITEMS_PER_CALL`], and all calls go out in one pipelined round
-    /// trip (one per slot on a cluster). Answers each item, in order.
+    /// Runs a many-item `script` over `items`: items are grouped by hash
+    /// slot and by their `group` (what the script takes once a call: a
+    /// lease, say), cut into calls of at most [`ITEMS_PER_CALL`], and all
+    /// calls go out in one pipelined round trip (one per slot on a
+    /// cluster). A call's arguments are `shared(its items)`, then each
+    /// item's own. Each call's reply starts with `lead` values of its own
+    /// (Redis's time, say), then answers its items. Answers each item, in
+    /// order, with the first of its call's own values (nil when `lead` is 0).
     async fn run_script(
         &self,
         script: &Script,
-        shared: &[Vec<u8>],
         items: Vec<ScriptItem>,
-    ) -> Result<Vec<Value>, StoreError> {
+        shared: impl Fn(&[usize]) -> Vec<Vec<u8>>,
+        lead: usize,
+    ) -> Result<Vec<(Value, Value)>, StoreError> {
         let cluster = matches!(self.conn, Conn::Cluster(_));
-        let mut groups: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
-        for (i, (keys, _)) in items.iter().enumerate() {
-            let group = if cluster { slot(&keys[0]) } else { 0 };
-            groups.entry(group).or_default().push(i);
+        let mut groups: std::collections::BTreeMap<(u16, u64), Vec<usize>> = Default::default();
+        for (i, item) in items.iter().enumerate() {
+            let slot = if cluster { slot(&item.key) } else { 0 };
+            groups.entry((slot, item.group)).or_default().push(i);
         }
         let mut cmds = Vec::new();
         let mut first_keys = Vec::new();
@@ -529,31 +639,31 @@ impl Inner {
         for idx in groups.values() {
             for chunk in idx.chunks(ITEMS_PER_CALL) {
                 let mut cmd = redis::cmd("EVALSHA");
-                let nkeys: usize = chunk.iter().map(|&i| items[i].0.len()).sum();
-                cmd.arg(script.get_hash()).arg(nkeys);
+                cmd.arg(script.get_hash()).arg(chunk.len());
                 for &i in chunk {
-                    cmd.arg(&items[i].0);
+                    cmd.arg(&items[i].key);
                 }
-                cmd.arg(shared);
+                cmd.arg(shared(chunk));
                 for &i in chunk {
-                    cmd.arg(&items[i].1);
+                    cmd.arg(&items[i].args);
                 }
                 cmds.push(cmd);
-                first_keys.push(items[chunk[0]].0[0].clone());
+                first_keys.push(items[chunk[0]].key.clone());
                 members.push(chunk);
             }
         }
         let replies = self.pipelined(&cmds, &first_keys).await?;
-        let mut answers = vec![Value::Nil; items.len()];
+        let mut answers = vec![(Value::Nil, Value::Nil); items.len()];
         for (chunk, reply) in members.into_iter().zip(replies) {
-            let Value::Array(per_item) = reply else {
+            let Value::Array(mut per_item) = reply else {
                 return Err(corrupt("a script call", &reply));
             };
-            if per_item.len() != chunk.len() {
+            if per_item.len() != lead + chunk.len() {
                 return Err(corrupt("a script call", &Value::Array(per_item)));
             }
-            for (&i, v) in chunk.iter().zip(per_item) {
-                answers[i] = v;
+            let head = per_item.first().filter(|_| lead > 0).cloned();
+            for (&i, v) in chunk.iter().zip(per_item.drain(lead..)) {
+                answers[i] = (head.clone().unwrap_or(Value::Nil), v);
             }
         }
         Ok(answers)
@@ -591,13 +701,28 @@ impl Inner {
         &self,
         cmds: impl Iterator<Item = &'c Cmd>,
     ) -> Result<Vec<Value>, StoreError> {
+        let cmds: Vec<&Cmd> = cmds.collect();
+        let mut conn = self.conn();
+        let no_script = |e: &redis::RedisError| {
+            e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+        };
+        // One command goes out as itself: a pipeline of one costs more.
+        if let [cmd] = cmds[..] {
+            let once = match cmd.query_async::<Value>(&mut conn).await {
+                Err(e) if no_script(&e) => {
+                    self.load_scripts(&mut conn).await?;
+                    cmd.query_async(&mut conn).await
+                }
+                r => r,
+            };
+            return once.map(|v| vec![v]).map_err(unavailable);
+        }
         let mut pipe = redis::pipe();
         for c in cmds {
             pipe.add_command(c.clone());
         }
-        let mut conn = self.conn();
         match pipe.query_async::<Vec<Value>>(&mut conn).await {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            Err(e) if no_script(&e) => {
                 self.load_scripts(&mut conn).await?;
                 pipe.query_async(&mut conn).await.map_err(unavailable)
             }
@@ -677,6 +802,32 @@ impl Inner {
     }
 }
 
+/// Whether the Redis behind `conn` takes `SET key value NX GET` (Redis and
+/// Valkey 7.0 and later); when it cannot tell, the store uses `GET` and
+/// `SET`, which every version takes.
+async fn supports_nx_get(conn: &Conn) -> bool {
+    let mut info = redis::cmd("INFO");
+    info.arg("server");
+    let reply: Result<Value, _> = match conn {
+        Conn::Single(c) => info.query_async(&mut c.clone()).await,
+        Conn::Cluster(c) => {
+            c.clone()
+                .route_command(info, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random))
+                .await
+        }
+    };
+    let Some(text) = reply
+        .ok()
+        .and_then(|v| redis::from_redis_value::<String>(v).ok())
+    else {
+        return false;
+    };
+    text.lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .and_then(|v| v.trim().split('.').next()?.parse::<u32>().ok())
+        .is_some_and(|major| major >= 7)
+}
+
 /// The cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag, the text
 /// between the first `{` and the next `}` when not empty, else of the key.
 fn slot(key: &[u8]) -> u16 {
@@ -722,8 +873,14 @@ impl Store for RedisStore {
             fingerprint,
             lease,
         };
-        let mut answers = self.inner.begin_items(std::slice::from_ref(&item)).await?;
-        Ok(answers.pop().expect("one answer per item"))
+        let direct = |item: BeginItem| async move {
+            let mut answers = self.inner.begin_items(std::slice::from_ref(&item)).await?;
+            Ok(answers.pop().expect("one answer per item"))
+        };
+        match &self.batches {
+            Some(b) => b.begin.call(item, direct).await,
+            None => direct(item).await,
+        }
     }
 
     async fn complete(
@@ -742,11 +899,17 @@ impl Store for RedisStore {
             outcome,
             retention,
         };
-        let mut answers = self
-            .inner
-            .complete_items(std::slice::from_ref(&item))
-            .await?;
-        Ok(answers.pop().expect("one answer per item"))
+        let direct = |item: CompleteItem| async move {
+            let mut answers = self
+                .inner
+                .complete_items(std::slice::from_ref(&item))
+                .await?;
+            Ok(answers.pop().expect("one answer per item"))
+        };
+        match &self.batches {
+            Some(b) => b.complete.call(item, direct).await,
+            None => direct(item).await,
+        }
     }
 
     async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
@@ -871,7 +1034,7 @@ mod tests {
     #[test]
     fn slots_follow_the_hash_tag() {
         // Known values from the Redis Cluster specification.
-        assert_eq!(slot(b"123456789"), 0x31C3 % 16384);
+        assert_eq!(slot(b"123456789"), 0x31C3);
         assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
         assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
         assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));

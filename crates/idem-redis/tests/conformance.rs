@@ -3,13 +3,18 @@
 
 use std::time::Duration;
 
-use idem_redis::RedisStore;
+use idem_redis::{RedisStore, RedisStoreBuilder};
 use idem_testkit::{Subject, TimeControl, services};
 
 async fn subject() -> Option<Subject<RedisStore>> {
+    connect(|b| b).await
+}
+
+async fn connect(
+    configure: impl FnOnce(RedisStoreBuilder) -> RedisStoreBuilder,
+) -> Option<Subject<RedisStore>> {
     let url = services::url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
-    let store = RedisStore::builder(&url)
-        .timeout(Duration::from_secs(5))
+    let store = configure(RedisStore::builder(&url).timeout(Duration::from_secs(5)))
         .connect()
         .await;
     match store {
@@ -25,3 +30,15 @@ async fn subject() -> Option<Subject<RedisStore>> {
 }
 
 idem_testkit::conformance_tests!(subject());
+
+/// The same without batching single calls together, and with the commands
+/// of a Redis before 7.0.
+mod one_call_each_plain_commands {
+    use super::*;
+
+    async fn subject() -> Option<Subject<RedisStore>> {
+        connect(|b| b.coalesce(false).plain_commands()).await
+    }
+
+    idem_testkit::conformance_tests!(subject());
+}

@@ -1,23 +1,38 @@
 -- complete, for one or many keys in one call (all in one hash slot on a
--- cluster). KEYS: record, for each item. ARGV, for each item: token,
--- retention ms, '1' when an outcome follows, outcome.
+-- cluster, all with the same retention). KEYS: record, for each item.
+-- ARGV: the retention (ms); how long the key lives (ms, as text: the
+-- retention plus 1, never less); one character per item, '1' when the item
+-- has an outcome; then for each item: its token (8 bytes, little-endian),
+-- its outcome ('' for none).
 -- Returns, for each item, 1 (done) or 0 (stale).
 local now = now_ms()
+local life, has_outcome = ARGV[2], ARGV[3]
+-- Retention end and completion time, the same for every item.
+local times = struct.pack('<i8i8', now + tonumber(ARGV[1]), now)
 local out = {}
+-- One MGET for many keys costs less than a GET each.
+local values = #KEYS > 1 and redis.call('MGET', unpack(KEYS))
 for i = 1, #KEYS do
   local rec = KEYS[i]
-  local r = decode(redis.call('GET', rec))
-  if owns(r, ARGV[4 * i - 3], now) then
-    r.s = 'c'
-    r.l = now + tonumber(ARGV[4 * i - 2])
-    r.b = now
-    if ARGV[4 * i - 1] == '1' then
-      r.o = ARGV[4 * i]
-    end
-    redis.call('SET', rec, encode(r), 'PXAT', fmt(r.l))
-    out[i] = 1
+  local v
+  if values then
+    v = values[i]
   else
-    out[i] = 0
+    v = redis.call('GET', rec)
+  end
+  out[i] = 0
+  -- Owned: in progress ('p' is 112) under this token, lease still live.
+  if v and string.byte(v, 1) == 112 and string.sub(v, 19, 26) == ARGV[2 + 2 * i]
+    and struct.unpack('<i8', v, 3) > now then
+    local flags = string.byte(v, 2) % 2
+    -- Token, attempts and fingerprint stay as they are.
+    local kept = string.sub(v, 19, flags == 1 and 46 or 30)
+    if string.byte(has_outcome, i) == 49 then
+      redis.call('SET', rec, 'c' .. string.char(flags + 2) .. times .. kept .. ARGV[3 + 2 * i], 'PX', life)
+    else
+      redis.call('SET', rec, 'c' .. string.char(flags) .. times .. kept, 'PX', life)
+    end
+    out[i] = 1
   end
 end
 return out

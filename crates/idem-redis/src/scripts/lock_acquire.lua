@@ -25,13 +25,13 @@ if free and (not head or head == me) then
   end
   redis.call('SET', lock, me, 'PX', lease)
   local token = math.max(tonumber(redis.call('GET', ctr) or 0) + 1, now * 1024)
-  redis.call('SET', ctr, fmt(token), 'PX', 86400000)
-  return {1, fmt(token)}
+  redis.call('SET', ctr, token, 'PX', 86400000)
+  return {1, token}
 end
 -- Wait in line (once), until the caller's own deadline.
-if redis.call('HSETNX', qd, me, fmt(now + wait + 1000)) == 1 then
+if redis.call('HSETNX', qd, me, now + wait + 1000) == 1 then
   redis.call('RPUSH', q, me)
 end
-redis.call('PEXPIRE', q, fmt(wait + lease + 60000))
-redis.call('PEXPIRE', qd, fmt(wait + lease + 60000))
+redis.call('PEXPIRE', q, wait + lease + 60000)
+redis.call('PEXPIRE', qd, wait + lease + 60000)
 return {0, math.max(redis.call('PTTL', lock), 0)}

@@ -1,0 +1,156 @@
+//! Single operations issued at the same time travel together.
+//!
+//! A `begin` or `complete` that finds the store idle goes straight out, so a
+//! lone caller pays no extra hop. While calls are in flight, the operations
+//! that arrive wait in a queue; a driver task sends whatever has gathered as
+//! one many-item script call as soon as fewer than [`CALLS_IN_FLIGHT`] of its
+//! calls are out. Under load, Redis then runs one script for dozens of items
+//! instead of one each, and the client encodes and parses one command.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use idem_core::StoreError;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::ITEMS_PER_CALL;
+
+/// Most batched calls the driver keeps out at once; the operations that
+/// arrive meanwhile form the next batch.
+const CALLS_IN_FLIGHT: usize = 2;
+
+type Reply<O> = oneshot::Sender<Result<O, StoreError>>;
+
+/// Gathers single operations of one kind (`I` in, `O` out) into batches.
+pub(crate) struct Coalescer<I, O> {
+    queue: mpsc::UnboundedSender<(I, Reply<O>)>,
+    /// Calls in flight, direct or batched.
+    busy: Arc<AtomicUsize>,
+}
+
+/// Counts a call in flight for as long as it lives, even when its future is
+/// dropped half-way.
+struct Busy(Arc<AtomicUsize>);
+
+impl Busy {
+    fn enter(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Busy(count.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
+    /// Starts the driver on the current Tokio runtime; `run` performs a
+    /// batch and answers each item in order.
+    pub(crate) fn start<F, Fut>(run: F) -> Self
+    where
+        F: Fn(Vec<I>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Vec<O>, StoreError>> + Send + 'static,
+    {
+        let (queue, rx) = mpsc::unbounded_channel();
+        let busy = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(drive(rx, run, busy.clone()));
+        Coalescer { queue, busy }
+    }
+
+    /// Performs `item`: directly through `run` when nothing is in flight,
+    /// else in the next batch.
+    pub(crate) async fn call<Fut>(
+        &self,
+        item: I,
+        run: impl FnOnce(I) -> Fut,
+    ) -> Result<O, StoreError>
+    where
+        Fut: Future<Output = Result<O, StoreError>>,
+    {
+        if self.busy.load(Ordering::Relaxed) == 0 {
+            let _busy = Busy::enter(&self.busy);
+            return run(item).await;
+        }
+        let (tx, rx) = oneshot::channel();
+        if let Err(mpsc::error::SendError((item, _))) = self.queue.send((item, tx)) {
+            // The driver is gone (its runtime shut down): go direct.
+            return run(item).await;
+        }
+        match rx.await {
+            Ok(answer) => answer,
+            Err(_) => Err(StoreError::unavailable(
+                "the Redis store's batching task stopped before answering",
+            )),
+        }
+    }
+}
+
+/// The driver: sends what has gathered whenever a call slot is free.
+async fn drive<I, O, F, Fut>(
+    mut rx: mpsc::UnboundedReceiver<(I, Reply<O>)>,
+    run: F,
+    busy: Arc<AtomicUsize>,
+) where
+    F: Fn(Vec<I>) -> Fut,
+    Fut: Future<Output = Result<Vec<O>, StoreError>>,
+{
+    let mut calls = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            biased;
+            Some(()) = calls.next(), if !calls.is_empty() => {}
+            first = rx.recv(), if calls.len() < CALLS_IN_FLIGHT => {
+                let Some(first) = first else { break };
+                let mut batch = vec![first];
+                while batch.len() < ITEMS_PER_CALL {
+                    match rx.try_recv() {
+                        Ok(next) => batch.push(next),
+                        Err(_) => break,
+                    }
+                }
+                let (items, replies): (Vec<I>, Vec<Reply<O>>) = batch.into_iter().unzip();
+                let busy = Busy::enter(&busy);
+                let call = run(items);
+                calls.push(async move {
+                    let answers = call.await;
+                    drop(busy);
+                    answer(replies, answers);
+                });
+            }
+        }
+    }
+    while calls.next().await.is_some() {}
+}
+
+/// Hands each waiting caller its answer, or the batch's error.
+fn answer<O>(replies: Vec<Reply<O>>, answers: Result<Vec<O>, StoreError>) {
+    match answers {
+        Ok(answers) => {
+            for (reply, a) in replies.into_iter().zip(answers) {
+                // A caller that stopped waiting does not mind.
+                let _ = reply.send(Ok(a));
+            }
+        }
+        Err(e) => {
+            for reply in replies {
+                let _ = reply.send(Err(copy(&e)));
+            }
+        }
+    }
+}
+
+/// The same error for every caller of a failed batch.
+fn copy(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Invalid(i) => StoreError::Invalid(i.clone()),
+        StoreError::CapacityExceeded { limit } => StoreError::CapacityExceeded { limit: *limit },
+        StoreError::Corrupt(s) => StoreError::Corrupt(s.clone()),
+        StoreError::Unavailable(inner) => StoreError::unavailable(inner.to_string()),
+        other => StoreError::unavailable(other.to_string()),
+    }
+}

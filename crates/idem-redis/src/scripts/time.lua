@@ -1,0 +1,7 @@
+-- Shared by the scripts that keep time: Redis's clock, in milliseconds.
+-- Numbers go to Redis and back as Lua numbers: exact up to 2^53, and
+-- tokens (ms × 1024) stay below that until the year 2248.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
