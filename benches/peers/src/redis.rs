@@ -153,6 +153,28 @@ async fn idem_batched(store: &RedisStore, run: &str, n: usize, batch: usize, tas
     n as f64 / start.elapsed().as_secs_f64()
 }
 
+/// Alternating runs per side.
+const ROUNDS: usize = 6;
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 0 {
+        (v[m - 1] + v[m]) / 2.0
+    } else {
+        v[m]
+    }
+}
+
+fn min(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+fn max(v: &[f64]) -> f64 {
+    v.iter().copied().fold(0.0, f64::max)
+}
+
 fn used_memory(conn: &mut redis::Connection) -> i64 {
     let info: String = redis::cmd("INFO").arg("memory").query(conn).unwrap();
     info.lines()
@@ -178,28 +200,39 @@ async fn main() {
     let idem = RedisStore::connect(&url).await.unwrap();
     let peer = Arc::new(ValkeyStore::new(client.clone()).await.unwrap());
 
-    println!("{n} keys + 10 % duplicates per run; deliveries/s (claim, and complete when claimed)");
+    println!("N keys + 10 % duplicates per run; deliveries/s (claim, and complete when claimed)");
+    // Short runs, alternating, on an emptied Redis each: this machine's
+    // speed drifts over seconds, and a growing keyspace costs Redis
+    // rehashing; both then fall on the two sides alike.
+    let flush = |admin: &mut redis::Connection| {
+        let _: () = redis::cmd("FLUSHALL").query(admin).unwrap();
+    };
     for tasks in [1usize, 64] {
-        let keys_per_run = if tasks == 1 { n / 5 } else { n };
-        for round in 0..2 {
-            let a = idem_run(
-                &idem,
-                &stream(&format!("i{tasks}{round}"), keys_per_run),
-                tasks,
-            )
-            .await;
-            let b = peer_run(
-                &peer,
-                &stream(&format!("p{tasks}{round}"), keys_per_run),
-                tasks,
-            )
-            .await;
-            println!(
-                "{tasks:>2} task(s), round {round}: idem {a:>8.0}/s   idempotent 0.3.0 (Valkey store) {b:>8.0}/s   ratio {:.2}",
-                a / b
-            );
+        let keys_per_run = if tasks == 1 { n / 10 } else { n };
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for round in 0..ROUNDS {
+            flush(&mut admin);
+            let run = stream(&format!("i{tasks}{round}"), keys_per_run);
+            ours.push(idem_run(&idem, &run, tasks).await);
+            flush(&mut admin);
+            let run = stream(&format!("p{tasks}{round}"), keys_per_run);
+            theirs.push(peer_run(&peer, &run, tasks).await);
         }
+        let ratios: Vec<f64> = ours.iter().zip(&theirs).map(|(a, b)| a / b).collect();
+        println!(
+            "{tasks:>2} task(s), {ROUNDS} alternating runs of {keys_per_run} keys: idem median {:.0}/s ({:.0}-{:.0}); idempotent 0.3.0 (Valkey store) median {:.0}/s ({:.0}-{:.0}); ratio of medians {:.2}, per run {:.2}-{:.2}",
+            median(&ours),
+            min(&ours),
+            max(&ours),
+            median(&theirs),
+            min(&theirs),
+            max(&theirs),
+            median(&ours) / median(&theirs),
+            min(&ratios),
+            max(&ratios),
+        );
     }
+    flush(&mut admin);
     for (batch, tasks) in [(256usize, 1usize), (256, 8)] {
         let r = idem_batched(&idem, &format!("b{batch}{tasks}"), n * 2, batch, tasks).await;
         println!(

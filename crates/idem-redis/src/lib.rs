@@ -120,8 +120,9 @@ impl ConnectionLike for Conn {
 
 struct Inner {
     conn: Conn,
-    /// For connections of their own (a lock waiter's `BLPOP`); standalone
-    /// only.
+    /// For connections of their own (a lock waiter's `BLPOP`): the
+    /// standalone Redis; on a cluster, the first seed node, whose settings
+    /// serve for connecting to the others.
     client: Option<redis::Client>,
     scripts: Scripts,
     limits: Limits,
@@ -131,6 +132,8 @@ struct Inner {
     replicas: Option<(u32, Duration)>,
     /// Whether Redis takes `SET` with both `NX` and `GET` (7.0 and later).
     nx_get: bool,
+    /// The limit on connecting.
+    timeout: Duration,
 }
 
 struct Scripts {
@@ -231,7 +234,7 @@ impl RedisStoreBuilder {
             url: self.nodes.join(","),
             source,
         };
-        let mut client_for_waiters = None;
+        let client_for_waiters = redis::Client::open(self.nodes[0].as_str()).ok();
         let conn = if self.cluster {
             let client = redis::cluster::ClusterClientBuilder::new(self.nodes.clone())
                 .connection_timeout(self.timeout)
@@ -241,7 +244,6 @@ impl RedisStoreBuilder {
             Conn::Cluster(client.get_async_connection().await.map_err(fail)?)
         } else {
             let client = redis::Client::open(self.nodes[0].as_str()).map_err(fail)?;
-            client_for_waiters = Some(client.clone());
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(self.timeout))
                 .set_response_timeout(Some(self.timeout))
@@ -272,6 +274,7 @@ impl RedisStoreBuilder {
             tombstone_ms: millis(self.tombstone_ttl).max(1),
             replicas: self.replicas,
             nx_get,
+            timeout: self.timeout,
         });
         let batches = self.coalesce.then(|| {
             let (b, c) = (inner.clone(), inner.clone());
@@ -730,25 +733,41 @@ impl Inner {
         }
     }
 
+    /// A connection of its own, without a response limit (for `BLPOP`), to
+    /// the node that holds `key`: the standalone Redis, or the cluster
+    /// master serving its slot. `None` when that node is not known.
+    async fn blocking_connection(&self, key: &[u8]) -> Option<redis::aio::MultiplexedConnection> {
+        let seed = self.client.as_ref()?;
+        let client = match &self.conn {
+            Conn::Single(_) => seed.clone(),
+            Conn::Cluster(c) => {
+                let nodes = cluster_nodes(c).await.ok()?;
+                let (host, port) = master_of(&nodes, slot(key))?;
+                let info = seed.get_connection_info().clone();
+                let redis::ConnectionAddr::Tcp(..) = info.addr() else {
+                    return None;
+                };
+                redis::Client::open(info.set_addr(redis::ConnectionAddr::Tcp(host, port))).ok()?
+            }
+        };
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(None);
+        client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .ok()
+    }
+
     /// Every key matching `pattern`: one SCAN, or one per cluster master.
     async fn scan_keys(&self, pattern: &str) -> Result<Vec<Vec<u8>>, StoreError> {
         let mut keys = Vec::new();
         let nodes = match &self.conn {
             Conn::Single(_) => vec![None],
-            Conn::Cluster(c) => {
-                let text: String = c
-                    .clone()
-                    .route_command(
-                        redis::cmd("CLUSTER").arg("NODES").clone(),
-                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-                    )
-                    .await
-                    .map_err(unavailable)
-                    .and_then(|v| {
-                        redis::from_redis_value(v).map_err(|e| StoreError::Corrupt(e.to_string()))
-                    })?;
-                masters(&text).into_iter().map(Some).collect()
-            }
+            Conn::Cluster(c) => masters(&cluster_nodes(c).await?)
+                .into_iter()
+                .map(Some)
+                .collect(),
         };
         for node in nodes {
             let mut cursor: u64 = 0;
@@ -843,8 +862,41 @@ fn slot(key: &[u8]) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(tagged) % 16384
 }
 
+/// `CLUSTER NODES`, asked of any node.
+async fn cluster_nodes(c: &ClusterConnection) -> Result<String, StoreError> {
+    let reply = c
+        .clone()
+        .route_command(
+            redis::cmd("CLUSTER").arg("NODES").clone(),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+        )
+        .await
+        .map_err(unavailable)?;
+    redis::from_redis_value(reply).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
 /// The masters' addresses in `CLUSTER NODES` output.
 fn masters(nodes: &str) -> Vec<(String, u16)> {
+    cluster_masters(nodes)
+        .into_iter()
+        .map(|(addr, _)| addr)
+        .collect()
+}
+
+/// The address of the master serving `slot`, from `CLUSTER NODES` output.
+fn master_of(nodes: &str, slot: u16) -> Option<(String, u16)> {
+    cluster_masters(nodes)
+        .into_iter()
+        .find(|(_, ranges)| ranges.iter().any(|r| r.contains(&slot)))
+        .map(|(addr, _)| addr)
+}
+
+/// A master's address and the slot ranges it serves.
+type MasterSlots = ((String, u16), Vec<std::ops::RangeInclusive<u16>>);
+
+/// The masters that are up in `CLUSTER NODES` output, with the slots each
+/// serves (slots being moved, `[…]`, are left out).
+fn cluster_masters(nodes: &str) -> Vec<MasterSlots> {
     nodes
         .lines()
         .filter_map(|line| {
@@ -855,7 +907,15 @@ fn masters(nodes: &str) -> Vec<(String, u16)> {
             }
             let addr = fields.get(1)?.split('@').next()?;
             let (host, port) = addr.rsplit_once(':')?;
-            Some((host.to_owned(), port.parse().ok()?))
+            let ranges = fields
+                .iter()
+                .skip(8)
+                .filter_map(|r| {
+                    let (a, b) = r.split_once('-').unwrap_or((r, r));
+                    Some(a.parse().ok()?..=b.parse().ok()?)
+                })
+                .collect();
+            Some(((host.to_owned(), port.parse().ok()?), ranges))
         })
         .collect()
 }
@@ -1029,7 +1089,7 @@ impl Store for RedisStore {
 
 #[cfg(test)]
 mod tests {
-    use super::slot;
+    use super::{master_of, masters, slot};
 
     #[test]
     fn slots_follow_the_hash_tag() {
@@ -1039,5 +1099,22 @@ mod tests {
         assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
         assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
         assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
+    }
+
+    #[test]
+    fn the_master_of_a_slot_comes_from_cluster_nodes() {
+        let nodes = "\
+a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
+b2 127.0.0.1:7001@17001 master - 0 0 2 connected 5461-10922 [10923->-c3]
+c3 127.0.0.1:7002@17002 master - 0 0 3 connected 10923-16383
+d4 127.0.0.1:7003@17003 slave a1 0 0 1 connected
+e5 127.0.0.1:7004@17004 master,fail - 0 0 5 disconnected 12000
+";
+        let at = |port| Some(("127.0.0.1".to_owned(), port));
+        assert_eq!(master_of(nodes, 0), at(7000));
+        assert_eq!(master_of(nodes, 5461), at(7001));
+        assert_eq!(master_of(nodes, 10923), at(7002));
+        assert_eq!(master_of(nodes, 12000), at(7002));
+        assert_eq!(masters(nodes).len(), 3);
     }
 }

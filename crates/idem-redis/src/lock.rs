@@ -12,7 +12,8 @@
 //!   a release wakes the first in line (its own wake list, `BLPOP`), and
 //!   newcomers cannot jump the queue. A waiter that gives up or dies leaves
 //!   the line at its deadline. A bounded fallback poll (every second) covers
-//!   lost wake-ups; on Redis Cluster, waiters use that poll only.
+//!   lost wake-ups, and waiting when the node cannot be reached. On Redis
+//!   Cluster a waiter blocks on the master that serves the lock's slot.
 //!
 //! ```no_run
 //! # async fn run(store: idem_redis::RedisStore) -> Result<(), idem_core::StoreError> {
@@ -109,29 +110,28 @@ impl Lock {
                 return Ok(None);
             }
             let nap = left.min(FALLBACK_POLL);
-            match &self.inner.client {
-                Some(client) => {
-                    if waiting.is_none() {
-                        // No response limit here: BLPOP answers when woken or
-                        // at its own timeout.
-                        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
-                        waiting = Some(
-                            client
-                                .get_multiplexed_async_connection_with_config(&config)
-                                .await
-                                .map_err(unavailable)?,
-                        );
-                    }
-                    let conn = waiting.as_mut().expect("just connected");
-                    // Blocks only this waiter's own connection.
-                    let _: Option<(String, String)> = redis::cmd("BLPOP")
-                        .arg(&wake_key)
-                        .arg(nap.as_secs_f64().max(0.01))
-                        .query_async(conn)
-                        .await
-                        .map_err(unavailable)?;
-                }
-                None => tokio::time::sleep(nap.min(Duration::from_millis(100))).await,
+            if waiting.is_none() {
+                waiting = self
+                    .inner
+                    .blocking_connection(self.key("").as_bytes())
+                    .await;
+            }
+            let woken = match waiting.as_mut() {
+                // Blocks only this waiter's own connection.
+                Some(conn) => redis::cmd("BLPOP")
+                    .arg(&wake_key)
+                    .arg(nap.as_secs_f64().max(0.01))
+                    .query_async::<Option<(String, String)>>(conn)
+                    .await
+                    .is_ok(),
+                None => false,
+            };
+            if !woken {
+                // No node to block on, or it failed (down, or the slot
+                // moved): look again after the fallback pause, and connect
+                // anew next time.
+                waiting = None;
+                tokio::time::sleep(nap).await;
             }
         }
     }

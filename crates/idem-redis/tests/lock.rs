@@ -1,6 +1,7 @@
-//! The distributed lock on a real Redis: mutual exclusion under contention,
-//! the watchdog, a dead holder's expiry with a larger token, owner-only
-//! release, and first-come-first-served waiting.
+//! The distributed lock on a real Redis and on a real Redis Cluster:
+//! mutual exclusion under contention, the watchdog, a dead holder's expiry
+//! with a larger token, owner-only release, and first-come-first-served
+//! waiting, woken rather than polled.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,7 +11,35 @@ use idem_redis::RedisStore;
 use idem_testkit::services;
 use tokio::sync::Mutex;
 
-async fn store() -> Option<(RedisStore, redis::aio::MultiplexedConnection)> {
+/// A raw connection beside the store, to act as another process would.
+enum Raw {
+    Single(redis::aio::MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Raw {
+    /// Sets lock `name`'s value, as another owner would, for `ms`.
+    async fn hold(&mut self, name: &str, owner: &str, ms: u64) {
+        let _: () = self
+            .run(
+                redis::cmd("SET")
+                    .arg(format!("idem:{{lock:{name}}}"))
+                    .arg(owner)
+                    .arg("PX")
+                    .arg(ms),
+            )
+            .await;
+    }
+
+    async fn run<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> T {
+        match self {
+            Raw::Single(c) => cmd.query_async(c).await.unwrap(),
+            Raw::Cluster(c) => cmd.query_async(c).await.unwrap(),
+        }
+    }
+}
+
+async fn standalone() -> Option<(RedisStore, Raw)> {
     let url = services::url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
     match RedisStore::connect(&url).await {
         Ok(s) => {
@@ -19,11 +48,64 @@ async fn store() -> Option<(RedisStore, redis::aio::MultiplexedConnection)> {
                 .get_multiplexed_async_connection()
                 .await
                 .unwrap();
-            Some((s, raw))
+            Some((s, Raw::Single(raw)))
         }
         Err(e) => services::absent("Redis", &url, e),
     }
 }
+
+async fn cluster() -> Option<(RedisStore, Raw)> {
+    let urls = services::url(
+        "IDEM_TEST_REDIS_CLUSTER_URLS",
+        "redis://127.0.0.1:7000,redis://127.0.0.1:7001,redis://127.0.0.1:7002",
+    );
+    let nodes: Vec<&str> = urls.split(',').collect();
+    match RedisStore::cluster_builder(&nodes).connect().await {
+        Ok(s) => {
+            let raw = redis::cluster::ClusterClient::new(nodes)
+                .unwrap()
+                .get_async_connection()
+                .await
+                .unwrap();
+            Some((s, Raw::Cluster(raw)))
+        }
+        Err(e) => services::absent("Redis Cluster", &urls, e),
+    }
+}
+
+/// Each case, on a standalone Redis and on the cluster.
+macro_rules! on_both {
+    ($($case:ident),+ $(,)?) => {
+        mod standalone {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    if let Some((store, raw)) = super::standalone().await {
+                        super::$case(store, raw).await;
+                    }
+                }
+            )+
+        }
+        mod cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    if let Some((store, raw)) = super::cluster().await {
+                        super::$case(store, raw).await;
+                    }
+                }
+            )+
+        }
+    };
+}
+
+on_both!(
+    thirty_two_contending_tasks_never_overlap,
+    the_watchdog_keeps_a_long_holder_alive,
+    a_dead_holders_lock_expires_and_the_next_gets_a_larger_token,
+    only_the_owner_can_release_and_a_lost_lock_is_reported,
+    waiters_are_served_first_come_first_served,
+);
 
 fn name(n: &str) -> String {
     format!(
@@ -36,11 +118,7 @@ fn name(n: &str) -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn thirty_two_contending_tasks_never_overlap() {
-    let Some((store, _)) = store().await else {
-        return;
-    };
+async fn thirty_two_contending_tasks_never_overlap(store: RedisStore, _raw: Raw) {
     let lock = store.lock(&name("mutex")).lease(Duration::from_secs(5));
     let counter = Arc::new(AtomicUsize::new(0));
     let inside = Arc::new(AtomicUsize::new(0));
@@ -87,11 +165,7 @@ async fn thirty_two_contending_tasks_never_overlap() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_watchdog_keeps_a_long_holder_alive() {
-    let Some((store, _)) = store().await else {
-        return;
-    };
+async fn the_watchdog_keeps_a_long_holder_alive(store: RedisStore, _raw: Raw) {
     let lock = store
         .lock(&name("watchdog"))
         .lease(Duration::from_millis(300));
@@ -109,11 +183,10 @@ async fn the_watchdog_keeps_a_long_holder_alive() {
     assert!(lock.try_lock(Duration::ZERO).await.unwrap().is_some());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_holders_lock_expires_and_the_next_gets_a_larger_token() {
-    let Some((store, mut raw)) = store().await else {
-        return;
-    };
+async fn a_dead_holders_lock_expires_and_the_next_gets_a_larger_token(
+    store: RedisStore,
+    mut raw: Raw,
+) {
     let n = name("dead");
     let lock = store.lock(&n).lease(Duration::from_secs(5));
     let first = lock.try_lock(Duration::ZERO).await.unwrap().unwrap();
@@ -121,14 +194,7 @@ async fn a_dead_holders_lock_expires_and_the_next_gets_a_larger_token() {
     assert!(first.release().await.unwrap());
     // Another process took the lock and died: its value stays until its
     // lease runs out, and nobody renews it.
-    let _: () = redis::cmd("SET")
-        .arg(format!("idem:{{lock:{n}}}"))
-        .arg("a-process-that-died")
-        .arg("PX")
-        .arg(400)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    raw.hold(&n, "a-process-that-died", 400).await;
     assert!(lock.try_lock(Duration::ZERO).await.unwrap().is_none());
     let next = lock
         .try_lock(Duration::from_secs(3))
@@ -138,23 +204,12 @@ async fn a_dead_holders_lock_expires_and_the_next_gets_a_larger_token() {
     assert!(next.token() > t1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_the_owner_can_release_and_a_lost_lock_is_reported() {
-    let Some((store, mut raw)) = store().await else {
-        return;
-    };
+async fn only_the_owner_can_release_and_a_lost_lock_is_reported(store: RedisStore, mut raw: Raw) {
     let n = name("owner");
     let lock = store.lock(&n).lease(Duration::from_millis(300));
     let guard = lock.try_lock(Duration::ZERO).await.unwrap().unwrap();
     // Someone else now owns it (as after an expiry and a takeover).
-    let _: () = redis::cmd("SET")
-        .arg(format!("idem:{{lock:{n}}}"))
-        .arg("someone-else")
-        .arg("PX")
-        .arg(10_000)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    raw.hold(&n, "someone-else", 10_000).await;
     tokio::time::timeout(Duration::from_secs(2), guard.lost())
         .await
         .expect("the watchdog reports the lost lock");
@@ -162,19 +217,13 @@ async fn only_the_owner_can_release_and_a_lost_lock_is_reported() {
         !guard.release().await.unwrap(),
         "a non-owner's release is refused"
     );
-    let value: String = redis::cmd("GET")
-        .arg(format!("idem:{{lock:{n}}}"))
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    let value: String = raw
+        .run(redis::cmd("GET").arg(format!("idem:{{lock:{n}}}")))
+        .await;
     assert_eq!(value, "someone-else", "the other owner's lock is untouched");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_are_served_first_come_first_served() {
-    let Some((store, _)) = store().await else {
-        return;
-    };
+async fn waiters_are_served_first_come_first_served(store: RedisStore, _raw: Raw) {
     let lock = store.lock(&name("fair")).lease(Duration::from_secs(5));
     let holder = lock.try_lock(Duration::ZERO).await.unwrap().unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
