@@ -4,7 +4,8 @@
 //! lone caller pays no extra hop. While calls are in flight, the operations
 //! that arrive wait in a queue; a driver task sends whatever has gathered as
 //! one many-item script call as soon as fewer than [`CALLS_IN_FLIGHT`] of its
-//! calls are out. Under load, Redis then runs one script for dozens of items
+//! calls are out, after yielding once so that tasks about to queue join
+//! this batch rather than the next. Under load, Redis then runs one script for dozens of items
 //! instead of one each, and the client encodes and parses one command.
 
 use std::future::Future;
@@ -19,8 +20,10 @@ use tokio::sync::{mpsc, oneshot};
 use crate::ITEMS_PER_CALL;
 
 /// Most batched calls the driver keeps out at once; the operations that
-/// arrive meanwhile form the next batch.
-const CALLS_IN_FLIGHT: usize = 2;
+/// arrive meanwhile form the next batch. Measured at 64 tasks on two cores:
+/// 2 to 16 all within noise once the driver yields before gathering; 8
+/// keeps Redis busy without cutting batches short.
+const CALLS_IN_FLIGHT: usize = 8;
 
 type Reply<O> = oneshot::Sender<Result<O, StoreError>>;
 
@@ -106,6 +109,10 @@ async fn drive<I, O, F, Fut>(
             Some(()) = calls.next(), if !calls.is_empty() => {}
             first = rx.recv(), if calls.len() < CALLS_IN_FLIGHT => {
                 let Some(first) = first else { break };
+                // Let the tasks that are ready to run go first: they are the
+                // ones about to queue, and join this batch instead of the
+                // next.
+                tokio::task::yield_now().await;
                 let mut batch = vec![first];
                 while batch.len() < ITEMS_PER_CALL {
                     match rx.try_recv() {

@@ -15,7 +15,7 @@ local now = now_ms()
 -- the floor.
 local floor = now * 1024
 local nx_get = ARGV[1] == '1'
-local lease_until, life = now + tonumber(ARGV[2]), ARGV[3]
+local lease_until, life = now + ARGV[2], ARGV[3]
 -- A first claim's record, the same for every item but the fingerprint:
 -- its header without and with a fingerprint, made when first needed.
 local bare, printed

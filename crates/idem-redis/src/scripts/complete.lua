@@ -8,7 +8,7 @@
 local now = now_ms()
 local life, has_outcome = ARGV[2], ARGV[3]
 -- Retention end and completion time, the same for every item.
-local times = struct.pack('<i8i8', now + tonumber(ARGV[1]), now)
+local times = struct.pack('<i8i8', now + ARGV[1], now)
 local out = {}
 -- One MGET for many keys costs less than a GET each.
 local values = #KEYS > 1 and redis.call('MGET', unpack(KEYS))

@@ -3,5 +3,6 @@
 -- tokens (ms × 1024) stay below that until the year 2248.
 local function now_ms()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  -- Arithmetic turns the strings into numbers; cheaper than tonumber().
+  return t[1] * 1000 + math.floor(t[2] / 1000)
 end
