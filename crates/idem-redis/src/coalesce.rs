@@ -120,6 +120,13 @@ async fn drive<I, O, F, Fut>(
                         Err(_) => break,
                     }
                 }
+                // A caller that stopped waiting (its future was dropped)
+                // does not want its operation done: a claim nobody holds
+                // would only block the key until its lease ran out.
+                batch.retain(|(_, reply)| !reply.is_closed());
+                if batch.is_empty() {
+                    continue;
+                }
                 let (items, replies): (Vec<I>, Vec<Reply<O>>) = batch.into_iter().unzip();
                 let busy = Busy::enter(&busy);
                 let call = run(items);
