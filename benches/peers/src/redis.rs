@@ -26,15 +26,16 @@ fn stream(run: &str, n: usize) -> Vec<String> {
     out
 }
 
-/// Splits `keys` among `tasks` so that each duplicate lands in the task of
-/// its original (it then meets a completed record, not a live claim).
+/// Splits `keys` evenly among `tasks`, round robin, so that all of them
+/// stay busy to the end; each duplicate goes to the task of its original
+/// (it then meets a completed record, not a live claim).
 fn split(keys: &[String], tasks: usize) -> Vec<Vec<String>> {
     let mut parts = vec![Vec::new(); tasks];
+    let mut owner = std::collections::HashMap::new();
     for k in keys {
-        let h = k
-            .bytes()
-            .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
-        parts[h % tasks].push(k.clone());
+        let next = owner.len() % tasks;
+        let task = *owner.entry(k.clone()).or_insert(next);
+        parts[task].push(k.clone());
     }
     parts
 }
@@ -160,7 +161,7 @@ fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     let m = v.len() / 2;
-    if v.len() % 2 == 0 {
+    if v.len().is_multiple_of(2) {
         (v[m - 1] + v[m]) / 2.0
     } else {
         v[m]

@@ -21,18 +21,21 @@ for i = 1, #KEYS do
     v = redis.call('GET', rec)
   end
   out[i] = 0
-  -- Owned: in progress ('p' is 112) under this token, lease still live.
-  if v and string.byte(v, 1) == 112 and string.sub(v, 19, 26) == ARGV[2 + 2 * i]
-    and struct.unpack('<i8', v, 3) > now then
-    local flags = string.byte(v, 2) % 2
-    -- Token, attempts and fingerprint stay as they are.
-    local kept = string.sub(v, 19, flags == 1 and 46 or 30)
-    if string.byte(has_outcome, i) == 49 then
-      redis.call('SET', rec, 'c' .. string.char(flags + 2) .. times .. kept .. ARGV[3 + 2 * i], 'PX', life)
-    else
-      redis.call('SET', rec, 'c' .. string.char(flags) .. times .. kept, 'PX', life)
+  if v then
+    -- State, flags, lease end, and the token's bytes.
+    local s, flags, lease_end, _, token = struct.unpack('<c1Bi8i8c8', v)
+    -- Owned: in progress under this token, lease still live.
+    if s == 'p' and token == ARGV[2 + 2 * i] and lease_end > now then
+      flags = flags % 2
+      -- Token, attempts and fingerprint stay as they are.
+      local kept = string.sub(v, 19, flags == 1 and 46 or 30)
+      if string.byte(has_outcome, i) == 49 then
+        redis.call('SET', rec, 'c' .. string.char(flags + 2) .. times .. kept .. ARGV[3 + 2 * i], 'PX', life)
+      else
+        redis.call('SET', rec, 'c' .. string.char(flags) .. times .. kept, 'PX', life)
+      end
+      out[i] = 1
     end
-    out[i] = 1
   end
 end
 return out
