@@ -154,6 +154,48 @@ async fn idem_batched(store: &RedisStore, run: &str, n: usize, batch: usize, tas
     n as f64 / start.elapsed().as_secs_f64()
 }
 
+/// CPU time used so far: Redis's main thread (`INFO cpu`) and this process
+/// (`/proc/self/stat`), in seconds.
+struct Cpu {
+    redis: f64,
+    client: f64,
+}
+
+impl Cpu {
+    fn now(admin: &mut redis::Connection) -> Self {
+        let info: String = redis::cmd("INFO").arg("cpu").query(admin).unwrap();
+        let field = |name: &str| -> f64 {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap()
+        };
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+        // utime and stime, in clock ticks (100 a second), after the
+        // parenthesised command name.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let fields: Vec<f64> = after
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .map(|f| f.parse().unwrap())
+            .collect();
+        Cpu {
+            redis: field("used_cpu_user_main_thread:") + field("used_cpu_sys_main_thread:"),
+            client: (fields[0] + fields[1]) / 100.0,
+        }
+    }
+
+    /// Microseconds of Redis and of client CPU per delivery since `self`.
+    fn per_delivery(&self, admin: &mut redis::Connection, deliveries: usize) -> (f64, f64) {
+        let now = Cpu::now(admin);
+        let per = |a: f64, b: f64| (b - a) * 1e6 / deliveries as f64;
+        (per(self.redis, now.redis), per(self.client, now.client))
+    }
+}
+
 /// Alternating runs per side.
 const ROUNDS: usize = 6;
 
@@ -211,13 +253,18 @@ async fn main() {
     for tasks in [1usize, 64] {
         let keys_per_run = if tasks == 1 { n / 10 } else { n };
         let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        let (mut our_cpu, mut their_cpu) = (Vec::new(), Vec::new());
         for round in 0..ROUNDS {
             flush(&mut admin);
             let run = stream(&format!("i{tasks}{round}"), keys_per_run);
+            let before = Cpu::now(&mut admin);
             ours.push(idem_run(&idem, &run, tasks).await);
+            our_cpu.push(before.per_delivery(&mut admin, run.len()));
             flush(&mut admin);
             let run = stream(&format!("p{tasks}{round}"), keys_per_run);
+            let before = Cpu::now(&mut admin);
             theirs.push(peer_run(&peer, &run, tasks).await);
+            their_cpu.push(before.per_delivery(&mut admin, run.len()));
         }
         let ratios: Vec<f64> = ours.iter().zip(&theirs).map(|(a, b)| a / b).collect();
         println!(
@@ -231,6 +278,20 @@ async fn main() {
             median(&ours) / median(&theirs),
             min(&ratios),
             max(&ratios),
+        );
+        let cpu = |runs: &[(f64, f64)]| {
+            let redis: Vec<f64> = runs.iter().map(|c| c.0).collect();
+            let client: Vec<f64> = runs.iter().map(|c| c.1).collect();
+            format!(
+                "Redis {:.1} µs, client {:.1} µs",
+                median(&redis),
+                median(&client)
+            )
+        };
+        println!(
+            "   CPU a delivery (medians): idem {}; idempotent {}",
+            cpu(&our_cpu),
+            cpu(&their_cpu)
         );
     }
     flush(&mut admin);

@@ -6,5 +6,5 @@ if not owns(r, ARGV[1], now) then
   return 0
 end
 r.l = now + tonumber(ARGV[2])
-redis.call('SET', KEYS[1], encode(r), 'PXAT', r.l + tonumber(ARGV[3]))
+redis.call('SET', KEYS[1], encode(r), 'PXAT', r.l + ARGV[3] + 1)
 return r.l
