@@ -3,10 +3,11 @@
 //! A `begin` or `complete` that finds the store idle goes straight out, so a
 //! lone caller pays no extra hop. While calls are in flight, the operations
 //! that arrive wait in a queue; a driver task sends whatever has gathered as
-//! one many-item script call as soon as fewer than [`CALLS_IN_FLIGHT`] of its
-//! calls are out, after yielding once so that tasks about to queue join
-//! this batch rather than the next. Under load, Redis then runs one script for dozens of items
-//! instead of one each, and the client encodes and parses one command.
+//! one many-item script call as soon as fewer than [`CALLS_IN_FLIGHT`] of
+//! its calls are out, after yielding once so that tasks about to queue join
+//! this batch rather than the next. Under load, Redis then runs one script
+//! for a dozen items instead of one each, and the client encodes and parses
+//! one command.
 
 use std::future::Future;
 use std::sync::Arc;
