@@ -487,7 +487,7 @@ fn parse_record(v: &Value) -> Result<Option<Record>, StoreError> {
 }
 
 /// The packed header's length: state, flags, end, since, token, attempts.
-const HEAD: usize = 1 + 1 + 8 + 8 + 4 + 8;
+const HEAD: usize = 1 + 1 + 8 + 8 + 8 + 4;
 
 impl Inner {
     fn conn(&self) -> Conn {
