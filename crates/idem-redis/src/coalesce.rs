@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use idem_core::StoreError;
 use tokio::sync::{mpsc, oneshot};
@@ -28,9 +29,16 @@ const CALLS_IN_FLIGHT: usize = 8;
 
 type Reply<O> = oneshot::Sender<Result<O, StoreError>>;
 
-/// Gathers single operations of one kind (`I` in, `O` out) into batches.
+/// Performs a batch, answering each item in order.
+type Run<I, O> =
+    Arc<dyn Fn(Vec<I>) -> BoxFuture<'static, Result<Vec<O>, StoreError>> + Send + Sync>;
+
+/// Sends single operations of one kind (`I` in, `O` out): straight out, or
+/// gathered into batches.
 pub(crate) struct Coalescer<I, O> {
-    queue: mpsc::UnboundedSender<(I, Reply<O>)>,
+    run: Run<I, O>,
+    /// `None` when batching is off.
+    queue: Option<mpsc::UnboundedSender<(I, Reply<O>)>>,
     /// Calls in flight, direct or batched.
     busy: Arc<AtomicUsize>,
 }
@@ -53,37 +61,45 @@ impl Drop for Busy {
 }
 
 impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
-    /// Starts the driver on the current Tokio runtime; `run` performs a
-    /// batch and answers each item in order.
-    pub(crate) fn start<F, Fut>(run: F) -> Self
+    /// `run` performs a batch and answers each item in order. With
+    /// `batching`, starts the driver on the current Tokio runtime; without,
+    /// every operation goes straight out.
+    pub(crate) fn start<F, Fut>(run: F, batching: bool) -> Self
     where
-        F: Fn(Vec<I>) -> Fut + Send + 'static,
+        F: Fn(Vec<I>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Vec<O>, StoreError>> + Send + 'static,
     {
-        let (queue, rx) = mpsc::unbounded_channel();
+        let run: Run<I, O> = Arc::new(move |items| Box::pin(run(items)));
         let busy = Arc::new(AtomicUsize::new(0));
-        tokio::spawn(drive(rx, run, busy.clone()));
-        Coalescer { queue, busy }
+        let queue = batching.then(|| {
+            let (queue, rx) = mpsc::unbounded_channel();
+            tokio::spawn(drive(rx, run.clone(), busy.clone()));
+            queue
+        });
+        Coalescer { run, queue, busy }
     }
 
-    /// Performs `item`: directly through `run` when nothing is in flight,
-    /// else in the next batch.
-    pub(crate) async fn call<Fut>(
-        &self,
-        item: I,
-        run: impl FnOnce(I) -> Fut,
-    ) -> Result<O, StoreError>
-    where
-        Fut: Future<Output = Result<O, StoreError>>,
-    {
-        if self.busy.load(Ordering::Relaxed) == 0 {
-            let _busy = Busy::enter(&self.busy);
-            return run(item).await;
-        }
+    /// Performs `item` as a batch of one.
+    async fn direct(&self, item: I) -> Result<O, StoreError> {
+        let _busy = Busy::enter(&self.busy);
+        let mut answers = (self.run)(vec![item]).await?;
+        Ok(answers.pop().expect("one answer per item"))
+    }
+
+    /// Performs `item`: straight out when nothing is in flight (or
+    /// batching is off), else in the next batch.
+    pub(crate) async fn call(&self, item: I) -> Result<O, StoreError> {
+        let Some(queue) = self
+            .queue
+            .as_ref()
+            .filter(|_| self.busy.load(Ordering::Relaxed) > 0)
+        else {
+            return self.direct(item).await;
+        };
         let (tx, rx) = oneshot::channel();
-        if let Err(mpsc::error::SendError((item, _))) = self.queue.send((item, tx)) {
+        if let Err(mpsc::error::SendError((item, _))) = queue.send((item, tx)) {
             // The driver is gone (its runtime shut down): go direct.
-            return run(item).await;
+            return self.direct(item).await;
         }
         match rx.await {
             Ok(answer) => answer,
@@ -95,14 +111,11 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
 }
 
 /// The driver: sends what has gathered whenever a call slot is free.
-async fn drive<I, O, F, Fut>(
+async fn drive<I, O>(
     mut rx: mpsc::UnboundedReceiver<(I, Reply<O>)>,
-    run: F,
+    run: Run<I, O>,
     busy: Arc<AtomicUsize>,
-) where
-    F: Fn(Vec<I>) -> Fut,
-    Fut: Future<Output = Result<Vec<O>, StoreError>>,
-{
+) {
     let mut calls = FuturesUnordered::new();
     loop {
         tokio::select! {

@@ -74,8 +74,9 @@ pub struct ConnectError {
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
-    /// Gathers concurrent single `begin`s and `complete`s into batches.
-    batches: Option<Arc<Batches>>,
+    /// Sends single `begin`s and `complete`s, gathering concurrent ones
+    /// into batches.
+    batches: Arc<Batches>,
 }
 
 struct Batches {
@@ -276,18 +277,22 @@ impl RedisStoreBuilder {
             nx_get,
             timeout: self.timeout,
         });
-        let batches = self.coalesce.then(|| {
-            let (b, c) = (inner.clone(), inner.clone());
-            Arc::new(Batches {
-                begin: Coalescer::start(move |items: Vec<BeginItem>| {
+        let (b, c) = (inner.clone(), inner.clone());
+        let batches = Arc::new(Batches {
+            begin: Coalescer::start(
+                move |items: Vec<BeginItem>| {
                     let inner = b.clone();
                     async move { inner.begin_items(&items).await }
-                }),
-                complete: Coalescer::start(move |items: Vec<CompleteItem>| {
+                },
+                self.coalesce,
+            ),
+            complete: Coalescer::start(
+                move |items: Vec<CompleteItem>| {
                     let inner = c.clone();
                     async move { inner.complete_items(&items).await }
-                }),
-            })
+                },
+                self.coalesce,
+            ),
         });
         Ok(RedisStore { inner, batches })
     }
@@ -933,14 +938,7 @@ impl Store for RedisStore {
             fingerprint,
             lease,
         };
-        let direct = |item: BeginItem| async move {
-            let mut answers = self.inner.begin_items(std::slice::from_ref(&item)).await?;
-            Ok(answers.pop().expect("one answer per item"))
-        };
-        match &self.batches {
-            Some(b) => b.begin.call(item, direct).await,
-            None => direct(item).await,
-        }
+        self.batches.begin.call(item).await
     }
 
     async fn complete(
@@ -959,17 +957,7 @@ impl Store for RedisStore {
             outcome,
             retention,
         };
-        let direct = |item: CompleteItem| async move {
-            let mut answers = self
-                .inner
-                .complete_items(std::slice::from_ref(&item))
-                .await?;
-            Ok(answers.pop().expect("one answer per item"))
-        };
-        match &self.batches {
-            Some(b) => b.complete.call(item, direct).await,
-            None => direct(item).await,
-        }
+        self.batches.complete.call(item).await
     }
 
     async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {

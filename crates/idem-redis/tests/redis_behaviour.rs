@@ -14,8 +14,13 @@ use idem_redis::RedisStore;
 use idem_testkit::services;
 use tokio::process::{Child, Command};
 
+/// The shared Redis's URL.
+fn url() -> String {
+    services::url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+}
+
 async fn shared() -> Option<RedisStore> {
-    let url = services::url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let url = url();
     match RedisStore::connect(&url).await {
         Ok(s) => Some(s),
         Err(e) => services::absent("Redis", &url, e),
@@ -31,6 +36,14 @@ async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
         .unwrap()
 }
 
+/// The Redis key of `k`'s record.
+fn record_of(k: &Key) -> String {
+    format!(
+        "idem:{{redis-behaviour:{}}}:r",
+        String::from_utf8_lossy(k.bytes())
+    )
+}
+
 fn key(k: &str) -> Key {
     Key::new("redis-behaviour", format!("{k}-{}", std::process::id())).unwrap()
 }
@@ -38,16 +51,9 @@ fn key(k: &str) -> Key {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_itself_expires_records() {
     let Some(store) = shared().await else { return };
-    let mut raw = raw(&services::url(
-        "IDEM_TEST_REDIS_URL",
-        "redis://127.0.0.1:6379",
-    ))
-    .await;
+    let mut raw = raw(&url()).await;
     let k = key("expiry");
-    let record = format!(
-        "idem:{{redis-behaviour:{}}}:r",
-        String::from_utf8_lossy(k.bytes())
-    );
+    let record = record_of(&k);
     let c = acquired(store.begin(&k, None, Lease::from_secs(5)).await.unwrap());
     let done = store
         .complete(&k, c.token, Some("x".into()), Duration::from_millis(300))
@@ -136,16 +142,9 @@ fn free_port() -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_leaves_a_tombstone_that_only_remembers_the_token() {
     let Some(store) = shared().await else { return };
-    let mut raw = raw(&services::url(
-        "IDEM_TEST_REDIS_URL",
-        "redis://127.0.0.1:6379",
-    ))
-    .await;
+    let mut raw = raw(&url()).await;
     let k = key("tombstone");
-    let record = format!(
-        "idem:{{redis-behaviour:{}}}:r",
-        String::from_utf8_lossy(k.bytes())
-    );
+    let record = record_of(&k);
     let c = acquired(store.begin(&k, None, Lease::from_secs(5)).await.unwrap());
     assert_eq!(store.release(&k, c.token).await.unwrap(), Fenced::Ok(()));
     assert_eq!(
@@ -277,10 +276,7 @@ async fn wait_for_replicas_makes_a_completion_visible_on_the_replica() {
     let mut raw_replica = raw(&format!("redis://127.0.0.1:{rp}")).await;
     for i in 0..20 {
         let k = key(&format!("wait-{i}"));
-        let record = format!(
-            "idem:{{redis-behaviour:{}}}:r",
-            String::from_utf8_lossy(k.bytes())
-        );
+        let record = record_of(&k);
         let c = acquired(store.begin(&k, None, Lease::from_secs(5)).await.unwrap());
         let done = store
             .complete(&k, c.token, Some("x".into()), Duration::from_secs(60))
@@ -339,8 +335,7 @@ async fn wait_for_replicas_makes_a_completion_visible_on_the_replica() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_single_calls_are_batched_and_answered_each_their_own() {
     let Some(store) = shared().await else { return };
-    let url = services::url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
-    let mut raw = raw(&url).await;
+    let mut raw = raw(&url()).await;
     let script_calls = |info: String| -> u64 {
         info.lines()
             .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
