@@ -148,9 +148,10 @@ struct Scripts {
     lock_leave: Script,
 }
 
-/// A script from `scripts/`: the shared parts it needs (`time.lua`,
-/// `record.lua`), then its own file. Each part is run on every call, so a
-/// script takes only what it uses.
+/// A script from `scripts/`, its parts in order: the shared ones it needs
+/// (`time.lua`, `record.lua`) and its own. Each part up to the point where a
+/// call returns is run on that call, so a script takes only what it uses,
+/// and `begin` reads `record.lua` after its common case.
 macro_rules! script {
     ($($file:literal),+) => {
         Script::new(concat!($(include_str!(concat!("scripts/", $file))),+))
@@ -261,7 +262,7 @@ impl RedisStoreBuilder {
             conn,
             client: client_for_waiters,
             scripts: Scripts {
-                begin: script!("time.lua", "record.lua", "begin.lua"),
+                begin: script!("time.lua", "begin_first.lua", "record.lua", "begin.lua"),
                 complete: script!("time.lua", "complete.lua"),
                 release: script!("time.lua", "record.lua", "release.lua"),
                 extend: script!("time.lua", "record.lua", "extend.lua"),
@@ -527,8 +528,13 @@ impl Inner {
             .iter()
             .enumerate()
             .map(|(i, (head, v))| {
-                let now = number(head).ok_or_else(|| corrupt("begin", head))?;
-                parse_begin(v, now, lease_of(i))
+                // A lone first claim comes back as its token alone, which
+                // is Redis's time × 1024.
+                let now = match (head, v) {
+                    (Value::Nil, Value::Int(token)) => u64::try_from(*token).ok().map(|t| t / 1024),
+                    _ => number(head),
+                };
+                parse_begin(v, now.ok_or_else(|| corrupt("begin", head))?, lease_of(i))
             })
             .collect()
     }
@@ -626,8 +632,10 @@ impl Inner {
     /// calls go out in one pipelined round trip (one per slot on a
     /// cluster). A call's arguments are `shared(its items)`, then each
     /// item's own. Each call's reply starts with `lead` values of its own
-    /// (Redis's time, say), then answers its items. Answers each item, in
-    /// order, with the first of its call's own values (nil when `lead` is 0).
+    /// (Redis's time, say), then answers its items; a call of one item may
+    /// instead answer with a value that is not an array, the item's answer
+    /// alone. Answers each item, in order, with the first of its call's own
+    /// values (nil when `lead` is 0 or the call answered alone).
     async fn run_script(
         &self,
         script: &Script,
@@ -663,8 +671,13 @@ impl Inner {
         let replies = self.pipelined(&cmds, &first_keys).await?;
         let mut answers = vec![(Value::Nil, Value::Nil); items.len()];
         for (chunk, reply) in members.into_iter().zip(replies) {
-            let Value::Array(mut per_item) = reply else {
-                return Err(corrupt("a script call", &reply));
+            let mut per_item = match reply {
+                Value::Array(per_item) => per_item,
+                alone if chunk.len() == 1 => {
+                    answers[chunk[0]] = (Value::Nil, alone);
+                    continue;
+                }
+                _ => return Err(corrupt("a script call", &reply)),
             };
             if per_item.len() != lead + chunk.len() {
                 return Err(corrupt("a script call", &Value::Array(per_item)));

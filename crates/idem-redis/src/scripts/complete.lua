@@ -4,38 +4,41 @@
 -- retention plus 1, never less); one character per item, '1' when the item
 -- has an outcome; then for each item: its token (8 bytes, little-endian),
 -- its outcome ('' for none).
--- Returns, for each item, 1 (done) or 0 (stale).
+-- Returns, for one key, 1 (done) or 0 (stale); for many, that for each.
 local now = now_ms()
 local life, has_outcome = ARGV[2], ARGV[3]
 -- Retention end and completion time, the same for every item.
 local times = struct.pack('<i8i8', now + ARGV[1], now)
-local out = {}
--- One MGET for many keys costs less than a GET each.
-local values = #KEYS > 1 and redis.call('MGET', unpack(KEYS))
-for i = 1, #KEYS do
-  local rec = KEYS[i]
-  local v
-  if values then
-    v = values[i]
+
+-- Completes item `i`, whose record is `v`, if its token owns it.
+local function finish(i, v)
+  if not v then
+    return 0
+  end
+  -- State, flags, lease end, and the token's bytes.
+  local s, flags, lease_end, _, token = struct.unpack('<c1Bi8i8c8', v)
+  -- Owned: in progress under this token, lease still live.
+  if s ~= 'p' or token ~= ARGV[2 + 2 * i] or lease_end <= now then
+    return 0
+  end
+  flags = flags % 2
+  -- Token, attempts and fingerprint stay as they are.
+  local kept = string.sub(v, 19, flags == 1 and 46 or 30)
+  if string.byte(has_outcome, i) == 49 then
+    redis.call('SET', KEYS[i], 'c' .. string.char(flags + 2) .. times .. kept .. ARGV[3 + 2 * i], 'PX', life)
   else
-    v = redis.call('GET', rec)
+    redis.call('SET', KEYS[i], 'c' .. string.char(flags) .. times .. kept, 'PX', life)
   end
-  out[i] = 0
-  if v then
-    -- State, flags, lease end, and the token's bytes.
-    local s, flags, lease_end, _, token = struct.unpack('<c1Bi8i8c8', v)
-    -- Owned: in progress under this token, lease still live.
-    if s == 'p' and token == ARGV[2 + 2 * i] and lease_end > now then
-      flags = flags % 2
-      -- Token, attempts and fingerprint stay as they are.
-      local kept = string.sub(v, 19, flags == 1 and 46 or 30)
-      if string.byte(has_outcome, i) == 49 then
-        redis.call('SET', rec, 'c' .. string.char(flags + 2) .. times .. kept .. ARGV[3 + 2 * i], 'PX', life)
-      else
-        redis.call('SET', rec, 'c' .. string.char(flags) .. times .. kept, 'PX', life)
-      end
-      out[i] = 1
-    end
-  end
+  return 1
+end
+
+if #KEYS == 1 then
+  return finish(1, redis.call('GET', KEYS[1]))
+end
+-- One MGET for many keys costs less than a GET each.
+local values = redis.call('MGET', unpack(KEYS))
+local out = {}
+for i = 1, #KEYS do
+  out[i] = finish(i, values[i])
 end
 return out
