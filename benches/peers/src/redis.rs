@@ -40,7 +40,8 @@ fn split(keys: &[String], tasks: usize) -> Vec<Vec<String>> {
     parts
 }
 
-async fn idem_run(store: &RedisStore, keys: &[String], tasks: usize) -> f64 {
+/// Deliveries per second, and each delivery's time (µs).
+async fn idem_run(store: &RedisStore, keys: &[String], tasks: usize) -> (f64, Vec<f64>) {
     let ns = Namespace::new("bench").unwrap();
     let parts = split(keys, tasks);
     let start = Instant::now();
@@ -49,7 +50,9 @@ async fn idem_run(store: &RedisStore, keys: &[String], tasks: usize) -> f64 {
         .map(|part| {
             let (store, ns) = (store.clone(), ns.clone());
             tokio::spawn(async move {
+                let mut times = Vec::with_capacity(part.len());
                 for k in part {
+                    let t = Instant::now();
                     let key = Key::in_namespace(ns.clone(), k).unwrap();
                     if let Begin::Acquired(c) =
                         store.begin(&key, None, Lease::from_secs(60)).await.unwrap()
@@ -60,17 +63,21 @@ async fn idem_run(store: &RedisStore, keys: &[String], tasks: usize) -> f64 {
                             .unwrap();
                         assert!(!done.is_stale());
                     }
+                    times.push(t.elapsed().as_secs_f64() * 1e6);
                 }
+                times
             })
         })
         .collect();
+    let mut times = Vec::with_capacity(keys.len());
     for h in handles {
-        h.await.unwrap();
+        times.extend(h.await.unwrap());
     }
-    keys.len() as f64 / start.elapsed().as_secs_f64()
+    (keys.len() as f64 / start.elapsed().as_secs_f64(), times)
 }
 
-async fn peer_run(store: &Arc<ValkeyStore>, keys: &[String], tasks: usize) -> f64 {
+/// Deliveries per second, and each delivery's time (µs).
+async fn peer_run(store: &Arc<ValkeyStore>, keys: &[String], tasks: usize) -> (f64, Vec<f64>) {
     let parts = split(keys, tasks);
     let start = Instant::now();
     let handles: Vec<_> = parts
@@ -79,7 +86,9 @@ async fn peer_run(store: &Arc<ValkeyStore>, keys: &[String], tasks: usize) -> f6
             let store = store.clone();
             tokio::spawn(async move {
                 let fingerprint = DefaultFingerprintStrategy.compute("POST /orders", b"");
+                let mut times = Vec::with_capacity(part.len());
                 for k in part {
+                    let t = Instant::now();
                     let key = IdempotencyKey::new(k).unwrap();
                     let entry = IdempotencyEntry::new(fingerprint, Duration::from_secs(600));
                     if let InsertResult::Claimed { fencing_token } =
@@ -95,14 +104,17 @@ async fn peer_run(store: &Arc<ValkeyStore>, keys: &[String], tasks: usize) -> f6
                             .await
                             .unwrap();
                     }
+                    times.push(t.elapsed().as_secs_f64() * 1e6);
                 }
+                times
             })
         })
         .collect();
+    let mut times = Vec::with_capacity(keys.len());
     for h in handles {
-        h.await.unwrap();
+        times.extend(h.await.unwrap());
     }
-    keys.len() as f64 / start.elapsed().as_secs_f64()
+    (keys.len() as f64 / start.elapsed().as_secs_f64(), times)
 }
 
 /// Fresh keys through `begin_many` + `complete_many`, `batch` a call, with
@@ -210,6 +222,13 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// The 10th, 50th and 90th percentiles of `v` (µs).
+fn percentiles(v: &mut [f64]) -> String {
+    v.sort_by(f64::total_cmp);
+    let at = |p: usize| v[(v.len() * p / 100).min(v.len() - 1)];
+    format!("{:.0} / {:.0} / {:.0} µs", at(10), at(50), at(90))
+}
+
 fn min(v: &[f64]) -> f64 {
     v.iter().copied().fold(f64::INFINITY, f64::min)
 }
@@ -251,24 +270,35 @@ async fn main() {
         let _: () = redis::cmd("FLUSHALL").query(admin).unwrap();
     };
     for tasks in [1usize, 64] {
-        let keys_per_run = if tasks == 1 { n / 10 } else { n };
+        // One task runs slowly: more, shorter runs, so that each pair of
+        // runs sees the same machine.
+        let (rounds, keys_per_run) = if tasks == 1 {
+            (3 * ROUNDS, n / 30)
+        } else {
+            (ROUNDS, n)
+        };
         let (mut ours, mut theirs) = (Vec::new(), Vec::new());
         let (mut our_cpu, mut their_cpu) = (Vec::new(), Vec::new());
-        for round in 0..ROUNDS {
+        let (mut our_times, mut their_times) = (Vec::new(), Vec::new());
+        for round in 0..rounds {
             flush(&mut admin);
             let run = stream(&format!("i{tasks}{round}"), keys_per_run);
             let before = Cpu::now(&mut admin);
-            ours.push(idem_run(&idem, &run, tasks).await);
+            let (rate, times) = idem_run(&idem, &run, tasks).await;
+            ours.push(rate);
+            our_times.extend(times);
             our_cpu.push(before.per_delivery(&mut admin, run.len()));
             flush(&mut admin);
             let run = stream(&format!("p{tasks}{round}"), keys_per_run);
             let before = Cpu::now(&mut admin);
-            theirs.push(peer_run(&peer, &run, tasks).await);
+            let (rate, times) = peer_run(&peer, &run, tasks).await;
+            theirs.push(rate);
+            their_times.extend(times);
             their_cpu.push(before.per_delivery(&mut admin, run.len()));
         }
         let ratios: Vec<f64> = ours.iter().zip(&theirs).map(|(a, b)| a / b).collect();
         println!(
-            "{tasks:>2} task(s), {ROUNDS} alternating runs of {keys_per_run} keys: idem median {:.0}/s ({:.0}-{:.0}); idempotent 0.3.0 (Valkey store) median {:.0}/s ({:.0}-{:.0}); ratio of medians {:.2}, per run {:.2}-{:.2}",
+            "{tasks:>2} task(s), {rounds} alternating runs of {keys_per_run} keys: idem median {:.0}/s ({:.0}-{:.0}); idempotent 0.3.0 (Valkey store) median {:.0}/s ({:.0}-{:.0}); ratio of medians {:.2}; per pair of runs: median {:.2}, {:.2}-{:.2}",
             median(&ours),
             min(&ours),
             max(&ours),
@@ -276,6 +306,7 @@ async fn main() {
             min(&theirs),
             max(&theirs),
             median(&ours) / median(&theirs),
+            median(&ratios),
             min(&ratios),
             max(&ratios),
         );
@@ -292,6 +323,11 @@ async fn main() {
             "   CPU a delivery (medians): idem {}; idempotent {}",
             cpu(&our_cpu),
             cpu(&their_cpu)
+        );
+        println!(
+            "   time a delivery, p10 / p50 / p90: idem {}; idempotent {}",
+            percentiles(&mut our_times),
+            percentiles(&mut their_times)
         );
     }
     flush(&mut admin);

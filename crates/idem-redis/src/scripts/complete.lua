@@ -24,10 +24,11 @@ local function finish(i, v)
   flags = flags % 2
   -- Token, attempts and fingerprint stay as they are.
   local kept = string.sub(v, 19, flags == 1 and 46 or 30)
+  -- PSETEX: SET … PX, without options to parse.
   if string.byte(has_outcome, i) == 49 then
-    redis.call('SET', KEYS[i], 'c' .. string.char(flags + 2) .. times .. kept .. ARGV[3 + 2 * i], 'PX', life)
+    redis.call('PSETEX', KEYS[i], life, 'c' .. string.char(flags + 2) .. times .. kept .. ARGV[3 + 2 * i])
   else
-    redis.call('SET', KEYS[i], 'c' .. string.char(flags) .. times .. kept, 'PX', life)
+    redis.call('PSETEX', KEYS[i], life, 'c' .. string.char(flags) .. times .. kept)
   end
   return 1
 end
