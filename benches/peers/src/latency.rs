@@ -19,15 +19,15 @@ async fn main() {
         .query_async(&mut cm)
         .await
         .unwrap();
-    let begin_src = format!(
-        "{}{}{}",
+    let begin_src = concat!(
         include_str!("../../../crates/idem-redis/src/scripts/time.lua"),
+        include_str!("../../../crates/idem-redis/src/scripts/begin_first.lua"),
         include_str!("../../../crates/idem-redis/src/scripts/record.lua"),
         include_str!("../../../crates/idem-redis/src/scripts/begin.lua")
     );
     let begin_sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
-        .arg(&begin_src)
+        .arg(begin_src)
         .query_async(&mut cm)
         .await
         .unwrap();

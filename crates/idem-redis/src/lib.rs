@@ -340,8 +340,6 @@ impl RedisStore {
 struct ScriptItem {
     /// Its record's key.
     key: Vec<u8>,
-    /// Its own arguments.
-    args: Vec<Vec<u8>>,
     /// Items of one group share a call (they share what the script takes
     /// once a call).
     group: u64,
@@ -508,21 +506,24 @@ impl Inner {
             .iter()
             .map(|i| ScriptItem {
                 key: record_key(&i.key),
-                args: vec![i.fingerprint.map_or(Vec::new(), |f| f.to_bytes().to_vec())],
                 group: millis(i.lease.duration()),
             })
             .collect();
-        let shared = |chunk: &[usize]| {
+        let shared = |chunk: &[usize], cmd: &mut Cmd| {
             let lease = lease_of(chunk[0]);
             let life = lease.saturating_add(self.abandoned_ms).saturating_add(1);
-            vec![
-                if self.nx_get { b"1" } else { b"0" }.to_vec(),
-                lease.to_string().into_bytes(),
-                life.to_string().into_bytes(),
-            ]
+            cmd.arg(if self.nx_get { "1" } else { "0" })
+                .arg(lease)
+                .arg(life);
+        };
+        let own = |i: usize, cmd: &mut Cmd| {
+            match items[i].fingerprint {
+                Some(f) => cmd.arg(&f.to_bytes()[..]),
+                None => cmd.arg(""),
+            };
         };
         let replies = self
-            .run_script(&self.scripts.begin, calls, shared, 1)
+            .run_script(&self.scripts.begin, calls, shared, own, 1)
             .await?;
         replies
             .iter()
@@ -546,14 +547,10 @@ impl Inner {
             .iter()
             .map(|i| ScriptItem {
                 key: record_key(&i.key),
-                args: vec![
-                    i.token.get().to_le_bytes().to_vec(),
-                    i.outcome.as_deref().unwrap_or(b"").to_vec(),
-                ],
                 group: millis(i.retention),
             })
             .collect();
-        let shared = |chunk: &[usize]| {
+        let shared = |chunk: &[usize], cmd: &mut Cmd| {
             let retention = millis(items[chunk[0]].retention);
             let has_outcome: Vec<u8> = chunk
                 .iter()
@@ -565,14 +562,17 @@ impl Inner {
                     }
                 })
                 .collect();
-            vec![
-                retention.to_string().into_bytes(),
-                retention.saturating_add(1).to_string().into_bytes(),
-                has_outcome,
-            ]
+            cmd.arg(retention)
+                .arg(retention.saturating_add(1))
+                .arg(has_outcome);
+        };
+        let own = |i: usize, cmd: &mut Cmd| {
+            let item = &items[i];
+            cmd.arg(&item.token.get().to_le_bytes()[..])
+                .arg(item.outcome.as_deref().unwrap_or(b""));
         };
         let replies = self
-            .run_script(&self.scripts.complete, calls, shared, 0)
+            .run_script(&self.scripts.complete, calls, shared, own, 0)
             .await?;
         let answers: Vec<Fenced> = replies
             .iter()
@@ -630,8 +630,8 @@ impl Inner {
     /// slot and by their `group` (what the script takes once a call: a
     /// lease, say), cut into calls of at most [`ITEMS_PER_CALL`], and all
     /// calls go out in one pipelined round trip (one per slot on a
-    /// cluster). A call's arguments are `shared(its items)`, then each
-    /// item's own. Each call's reply starts with `lead` values of its own
+    /// cluster). A call's arguments are what `shared(its items)` writes,
+    /// then what `own(item)` writes for each item. Each call's reply starts with `lead` values of its own
     /// (Redis's time, say), then answers its items; a call of one item may
     /// instead answer with a value that is not an array, the item's answer
     /// alone. Answers each item, in order, with the first of its call's own
@@ -640,31 +640,40 @@ impl Inner {
         &self,
         script: &Script,
         items: Vec<ScriptItem>,
-        shared: impl Fn(&[usize]) -> Vec<Vec<u8>>,
+        shared: impl Fn(&[usize], &mut Cmd),
+        own: impl Fn(usize, &mut Cmd),
         lead: usize,
     ) -> Result<Vec<(Value, Value)>, StoreError> {
-        let cluster = matches!(self.conn, Conn::Cluster(_));
-        let mut groups: std::collections::BTreeMap<(u16, u64), Vec<usize>> = Default::default();
-        for (i, item) in items.iter().enumerate() {
-            let slot = if cluster { slot(&item.key) } else { 0 };
-            groups.entry((slot, item.group)).or_default().push(i);
-        }
+        let groups: Vec<Vec<usize>> = if items.len() == 1 {
+            vec![vec![0]]
+        } else {
+            let cluster = matches!(self.conn, Conn::Cluster(_));
+            let mut groups: std::collections::BTreeMap<(u16, u64), Vec<usize>> = Default::default();
+            for (i, item) in items.iter().enumerate() {
+                let slot = if cluster { slot(&item.key) } else { 0 };
+                groups.entry((slot, item.group)).or_default().push(i);
+            }
+            groups.into_values().collect()
+        };
         let mut cmds = Vec::new();
         let mut first_keys = Vec::new();
         let mut members = Vec::new();
-        for idx in groups.values() {
+        for idx in &groups {
             for chunk in idx.chunks(ITEMS_PER_CALL) {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(script.get_hash()).arg(chunk.len());
+                // Sized for the usual arguments, so it is written without
+                // growing: keys, a few shared, two or so of each item's.
+                let keys: usize = chunk.iter().map(|&i| items[i].key.len()).sum();
+                let mut cmd = Cmd::with_capacity(6 + 3 * chunk.len(), 96 + keys + 32 * chunk.len());
+                cmd.arg("EVALSHA").arg(script.get_hash()).arg(chunk.len());
                 for &i in chunk {
                     cmd.arg(&items[i].key);
                 }
-                cmd.arg(shared(chunk));
+                shared(chunk, &mut cmd);
                 for &i in chunk {
-                    cmd.arg(&items[i].args);
+                    own(i, &mut cmd);
                 }
                 cmds.push(cmd);
-                first_keys.push(items[chunk[0]].key.clone());
+                first_keys.push(&items[chunk[0]].key[..]);
                 members.push(chunk);
             }
         }
@@ -693,13 +702,17 @@ impl Inner {
     /// Runs `cmds`, whose keys are `keys` (one each; may be empty for a
     /// single command), in one pipelined round trip: on a cluster, one
     /// pipeline per hash slot, all at once. Answers in order.
-    async fn pipelined(&self, cmds: &[Cmd], keys: &[Vec<u8>]) -> Result<Vec<Value>, StoreError> {
+    async fn pipelined(
+        &self,
+        cmds: &[Cmd],
+        keys: &[impl AsRef<[u8]>],
+    ) -> Result<Vec<Value>, StoreError> {
         if matches!(self.conn, Conn::Single(_)) || cmds.len() == 1 {
             return self.pipeline(cmds.iter()).await;
         }
         let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
         for (i, k) in keys.iter().enumerate() {
-            by_slot.entry(slot(k)).or_default().push(i);
+            by_slot.entry(slot(k.as_ref())).or_default().push(i);
         }
         let groups = futures_util::future::try_join_all(
             by_slot
