@@ -4,6 +4,8 @@
 //! batches, and bytes per record. Run by `benches/redis/run`, against a
 //! Redis of its own (this FLUSHALLs it).
 //!   cargo run --release --manifest-path benches/peers/Cargo.toml --bin redis -- redis://127.0.0.1:6399
+//! With `-- URL N --one idem|idempotent TASKS`, one run of one side only
+//! (`benches/redis/client-instructions` counts its instructions).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -166,6 +168,15 @@ async fn idem_batched(store: &RedisStore, run: &str, n: usize, batch: usize, tas
     n as f64 / start.elapsed().as_secs_f64()
 }
 
+/// Script calls Redis has run so far (`EVALSHA` in `INFO commandstats`).
+fn script_calls(admin: &mut redis::Connection) -> f64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(admin).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0.0, |n| n.parse().unwrap())
+}
+
 /// CPU time used so far: Redis's main thread (`INFO cpu`) and this process
 /// (`/proc/self/stat`), in seconds.
 struct Cpu {
@@ -261,6 +272,19 @@ async fn main() {
     let _: () = redis::cmd("FLUSHALL").query(&mut admin).unwrap();
     let idem = RedisStore::connect(&url).await.unwrap();
     let peer = Arc::new(ValkeyStore::new(client.clone()).await.unwrap());
+    // `--one idem|idempotent TASKS`: one run of one side and nothing else,
+    // for counting the client's instructions under callgrind.
+    if std::env::args().nth(3).as_deref() == Some("--one") {
+        let side = std::env::args().nth(4).unwrap();
+        let tasks: usize = std::env::args().nth(5).unwrap().parse().unwrap();
+        let run = stream("one", n);
+        let (rate, _) = match side.as_str() {
+            "idem" => idem_run(&idem, &run, tasks).await,
+            _ => peer_run(&peer, &run, tasks).await,
+        };
+        println!("{side}, {tasks} task(s): {} deliveries, {rate:.0}/s", run.len());
+        return;
+    }
 
     println!("N keys + 10 % duplicates per run; deliveries/s (claim, and complete when claimed)");
     // Short runs, alternating, on an emptied Redis each: this machine's
@@ -280,18 +304,25 @@ async fn main() {
         let (mut ours, mut theirs) = (Vec::new(), Vec::new());
         let (mut our_cpu, mut their_cpu) = (Vec::new(), Vec::new());
         let (mut our_times, mut their_times) = (Vec::new(), Vec::new());
+        let (mut our_calls, mut their_calls) = (0.0, 0.0);
+        let mut deliveries = 0.0;
         for round in 0..rounds {
             flush(&mut admin);
             let run = stream(&format!("i{tasks}{round}"), keys_per_run);
+            deliveries += run.len() as f64;
+            let calls = script_calls(&mut admin);
             let before = Cpu::now(&mut admin);
             let (rate, times) = idem_run(&idem, &run, tasks).await;
+            our_calls += script_calls(&mut admin) - calls;
             ours.push(rate);
             our_times.extend(times);
             our_cpu.push(before.per_delivery(&mut admin, run.len()));
             flush(&mut admin);
             let run = stream(&format!("p{tasks}{round}"), keys_per_run);
+            let calls = script_calls(&mut admin);
             let before = Cpu::now(&mut admin);
             let (rate, times) = peer_run(&peer, &run, tasks).await;
+            their_calls += script_calls(&mut admin) - calls;
             theirs.push(rate);
             their_times.extend(times);
             their_cpu.push(before.per_delivery(&mut admin, run.len()));
@@ -323,6 +354,11 @@ async fn main() {
             "   CPU a delivery (medians): idem {}; idempotent {}",
             cpu(&our_cpu),
             cpu(&their_cpu)
+        );
+        println!(
+            "   script calls a delivery: idem {:.2}; idempotent {:.2}",
+            our_calls / deliveries,
+            their_calls / deliveries
         );
         println!(
             "   time a delivery, p10 / p50 / p90: idem {}; idempotent {}",
