@@ -631,11 +631,12 @@ impl Inner {
     /// lease, say), cut into calls of at most [`ITEMS_PER_CALL`], and all
     /// calls go out in one pipelined round trip (one per slot on a
     /// cluster). A call's arguments are what `shared(its items)` writes,
-    /// then what `own(item)` writes for each item. Each call's reply starts with `lead` values of its own
-    /// (Redis's time, say), then answers its items; a call of one item may
-    /// instead answer with a value that is not an array, the item's answer
-    /// alone. Answers each item, in order, with the first of its call's own
-    /// values (nil when `lead` is 0 or the call answered alone).
+    /// then what `own(item)` writes for each item. Each call's reply starts
+    /// with `lead` values of its own (Redis's time, say), then answers its
+    /// items; a call of one item may instead answer with a value that is not
+    /// an array, the item's answer alone. Answers each item, in order, with
+    /// the first of its call's own values (nil when `lead` is 0 or the call
+    /// answered alone).
     async fn run_script(
         &self,
         script: &Script,

@@ -20,8 +20,10 @@ local now = now_ms()
 -- the floor.
 local floor = now * 1024
 local lease_until, life = now + ARGV[2], ARGV[3]
--- A first claim's record, the same for every item but the fingerprint:
--- without one, and without it yet; each made when first needed.
+-- A first claim's record (the layout of `record.lua`): state 'p', flags,
+-- then `fresh` (lease end, start, token, attempt 1), then the fingerprint
+-- if any. The same for every item but the fingerprint: `bare` without one,
+-- `printed` before it; each made when first needed.
 local fresh = struct.pack('<i8i8i8i4', lease_until, now, floor, 1)
 local bare, printed
 
