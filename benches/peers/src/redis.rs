@@ -168,6 +168,51 @@ async fn idem_batched(store: &RedisStore, run: &str, n: usize, batch: usize, tas
     n as f64 / start.elapsed().as_secs_f64()
 }
 
+/// One side's runs at one concurrency.
+#[derive(Default)]
+struct Side {
+    /// Deliveries per second, a run each.
+    rates: Vec<f64>,
+    /// Microseconds of Redis and of client CPU per delivery, a run each.
+    cpus: Vec<(f64, f64)>,
+    /// Each delivery's time (µs).
+    times: Vec<f64>,
+    /// Script calls Redis ran, and deliveries made, in all runs.
+    calls: f64,
+    deliveries: f64,
+}
+
+impl Side {
+    /// Records `run`, a run of `deliveries` deliveries that answers its
+    /// rate and each delivery's time.
+    async fn record(
+        &mut self,
+        admin: &mut redis::Connection,
+        deliveries: usize,
+        run: impl std::future::Future<Output = (f64, Vec<f64>)>,
+    ) {
+        let calls = script_calls(admin);
+        let before = Cpu::now(admin);
+        let (rate, times) = run.await;
+        self.cpus.push(before.per_delivery(admin, deliveries));
+        self.calls += script_calls(admin) - calls;
+        self.deliveries += deliveries as f64;
+        self.rates.push(rate);
+        self.times.extend(times);
+    }
+
+    /// Median CPU a delivery, Redis's and the client's.
+    fn cpu(&self) -> String {
+        let redis: Vec<f64> = self.cpus.iter().map(|c| c.0).collect();
+        let client: Vec<f64> = self.cpus.iter().map(|c| c.1).collect();
+        format!(
+            "Redis {:.1} µs, client {:.1} µs",
+            median(&redis),
+            median(&client)
+        )
+    }
+}
+
 /// Script calls Redis has run so far (`EVALSHA` in `INFO commandstats`).
 fn script_calls(admin: &mut redis::Connection) -> f64 {
     let info: String = redis::cmd("INFO").arg("commandstats").query(admin).unwrap();
@@ -282,7 +327,10 @@ async fn main() {
             "idem" => idem_run(&idem, &run, tasks).await,
             _ => peer_run(&peer, &run, tasks).await,
         };
-        println!("{side}, {tasks} task(s): {} deliveries, {rate:.0}/s", run.len());
+        println!(
+            "{side}, {tasks} task(s): {} deliveries, {rate:.0}/s",
+            run.len()
+        );
         return;
     }
 
@@ -301,69 +349,51 @@ async fn main() {
         } else {
             (ROUNDS, n)
         };
-        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-        let (mut our_cpu, mut their_cpu) = (Vec::new(), Vec::new());
-        let (mut our_times, mut their_times) = (Vec::new(), Vec::new());
-        let (mut our_calls, mut their_calls) = (0.0, 0.0);
-        let mut deliveries = 0.0;
+        let (mut ours, mut theirs) = (Side::default(), Side::default());
         for round in 0..rounds {
             flush(&mut admin);
             let run = stream(&format!("i{tasks}{round}"), keys_per_run);
-            deliveries += run.len() as f64;
-            let calls = script_calls(&mut admin);
-            let before = Cpu::now(&mut admin);
-            let (rate, times) = idem_run(&idem, &run, tasks).await;
-            our_calls += script_calls(&mut admin) - calls;
-            ours.push(rate);
-            our_times.extend(times);
-            our_cpu.push(before.per_delivery(&mut admin, run.len()));
+            ours.record(&mut admin, run.len(), idem_run(&idem, &run, tasks))
+                .await;
             flush(&mut admin);
             let run = stream(&format!("p{tasks}{round}"), keys_per_run);
-            let calls = script_calls(&mut admin);
-            let before = Cpu::now(&mut admin);
-            let (rate, times) = peer_run(&peer, &run, tasks).await;
-            their_calls += script_calls(&mut admin) - calls;
-            theirs.push(rate);
-            their_times.extend(times);
-            their_cpu.push(before.per_delivery(&mut admin, run.len()));
+            theirs
+                .record(&mut admin, run.len(), peer_run(&peer, &run, tasks))
+                .await;
         }
-        let ratios: Vec<f64> = ours.iter().zip(&theirs).map(|(a, b)| a / b).collect();
+        let ratios: Vec<f64> = ours
+            .rates
+            .iter()
+            .zip(&theirs.rates)
+            .map(|(a, b)| a / b)
+            .collect();
         println!(
             "{tasks:>2} task(s), {rounds} alternating runs of {keys_per_run} keys: idem median {:.0}/s ({:.0}-{:.0}); idempotent 0.3.0 (Valkey store) median {:.0}/s ({:.0}-{:.0}); ratio of medians {:.2}; per pair of runs: median {:.2}, {:.2}-{:.2}",
-            median(&ours),
-            min(&ours),
-            max(&ours),
-            median(&theirs),
-            min(&theirs),
-            max(&theirs),
-            median(&ours) / median(&theirs),
+            median(&ours.rates),
+            min(&ours.rates),
+            max(&ours.rates),
+            median(&theirs.rates),
+            min(&theirs.rates),
+            max(&theirs.rates),
+            median(&ours.rates) / median(&theirs.rates),
             median(&ratios),
             min(&ratios),
             max(&ratios),
         );
-        let cpu = |runs: &[(f64, f64)]| {
-            let redis: Vec<f64> = runs.iter().map(|c| c.0).collect();
-            let client: Vec<f64> = runs.iter().map(|c| c.1).collect();
-            format!(
-                "Redis {:.1} µs, client {:.1} µs",
-                median(&redis),
-                median(&client)
-            )
-        };
         println!(
             "   CPU a delivery (medians): idem {}; idempotent {}",
-            cpu(&our_cpu),
-            cpu(&their_cpu)
+            ours.cpu(),
+            theirs.cpu()
         );
         println!(
             "   script calls a delivery: idem {:.2}; idempotent {:.2}",
-            our_calls / deliveries,
-            their_calls / deliveries
+            ours.calls / ours.deliveries,
+            theirs.calls / theirs.deliveries
         );
         println!(
             "   time a delivery, p10 / p50 / p90: idem {}; idempotent {}",
-            percentiles(&mut our_times),
-            percentiles(&mut their_times)
+            percentiles(&mut ours.times),
+            percentiles(&mut theirs.times)
         );
     }
     flush(&mut admin);
