@@ -504,9 +504,10 @@ impl Inner {
         let lease_of = |i: usize| millis(items[i].lease.duration());
         let calls = items
             .iter()
-            .map(|i| ScriptItem {
+            .enumerate()
+            .map(|(n, i)| ScriptItem {
                 key: record_key(&i.key),
-                group: millis(i.lease.duration()),
+                group: lease_of(n),
             })
             .collect();
         let shared = |chunk: &[usize], cmd: &mut Cmd| {
