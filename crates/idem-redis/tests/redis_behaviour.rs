@@ -93,6 +93,10 @@ impl OwnRedis {
     }
 
     async fn start_with(port: u16, extra: &[&str]) -> Self {
+        // A replica writes the snapshot it receives into its directory:
+        // keep that out of the source tree.
+        let dir = std::env::temp_dir().join(format!("idem-redis-test-{port}"));
+        std::fs::create_dir_all(&dir).expect("a temporary directory for redis-server");
         let child = Command::new("redis-server")
             .args([
                 "--port",
@@ -104,6 +108,8 @@ impl OwnRedis {
                 "--appendonly",
                 "no",
             ])
+            .arg("--dir")
+            .arg(&dir)
             .args(extra)
             .stdout(Stdio::null())
             .kill_on_drop(true)
