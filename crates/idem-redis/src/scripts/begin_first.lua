@@ -13,7 +13,6 @@
 -- attempt} (acquired again after a lapsed lease) | {'i', retry_after} |
 -- {'c', completed_at, outcome or nothing} | {'m'}.
 -- A lease acquired here ends at Redis's time plus the lease.
-local now = now_ms()
 -- The last token the record remembers plus one, but at least the time ×
 -- 1024: tokens keep increasing after the record expired or Redis lost its
 -- data, as long as the clock moves forward. A key without a record gets

@@ -5,7 +5,6 @@
 -- has an outcome; then for each item: its token (8 bytes, little-endian),
 -- its outcome ('' for none).
 -- Returns, for one key, 1 (done) or 0 (stale); for many, that for each.
-local now = now_ms()
 local life, has_outcome = ARGV[2], ARGV[3]
 -- Retention end and completion time, the same for every item.
 local times = struct.pack('<i8i8', now + ARGV[1], now)

@@ -1,6 +1,5 @@
 -- extend. KEYS: record. ARGV: token, lease ms, abandoned retention ms.
 -- Returns the new lease expiry, or 0 (stale).
-local now = now_ms()
 local r = decode(redis.call('GET', KEYS[1]))
 if not owns(r, ARGV[1], now) then
   return 0

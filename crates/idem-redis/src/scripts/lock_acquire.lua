@@ -2,7 +2,6 @@
 -- of waiter ids, first come first), queue deadlines (hash id -> ms).
 -- ARGV: owner id, lease ms, how long the caller will wait (ms).
 -- Returns {1, token} when acquired, {0, ms left on the holder's lease}.
-local now = now_ms()
 local lock, ctr, q, qd = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local me, lease, wait = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 

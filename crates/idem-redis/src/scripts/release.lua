@@ -2,7 +2,6 @@
 -- its token (ms). Returns 1 (released) or 0 (stale).
 -- The record becomes a tombstone (state 'r', token only): absent to every
 -- reader, but the next acquisition continues from its token.
-local now = now_ms()
 local r = decode(redis.call('GET', KEYS[1]))
 if not owns(r, ARGV[1], now) then
   return 0
