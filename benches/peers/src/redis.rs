@@ -349,17 +349,28 @@ async fn main() {
         } else {
             (ROUNDS, n)
         };
+        // A short run of each side first, not counted: connections, scripts
+        // and caches warm on both sides alike.
+        let warm = stream(&format!("w{tasks}"), keys_per_run / 4);
+        idem_run(&idem, &warm, tasks).await;
+        peer_run(&peer, &warm, tasks).await;
         let (mut ours, mut theirs) = (Side::default(), Side::default());
         for round in 0..rounds {
-            flush(&mut admin);
-            let run = stream(&format!("i{tasks}{round}"), keys_per_run);
-            ours.record(&mut admin, run.len(), idem_run(&idem, &run, tasks))
-                .await;
-            flush(&mut admin);
-            let run = stream(&format!("p{tasks}{round}"), keys_per_run);
-            theirs
-                .record(&mut admin, run.len(), peer_run(&peer, &run, tasks))
-                .await;
+            // Each side goes first in every other pair, so that neither
+            // always meets the machine as the other left it.
+            for idem_now in [round % 2 == 0, round % 2 == 1] {
+                flush(&mut admin);
+                if idem_now {
+                    let run = stream(&format!("i{tasks}{round}"), keys_per_run);
+                    ours.record(&mut admin, run.len(), idem_run(&idem, &run, tasks))
+                        .await;
+                } else {
+                    let run = stream(&format!("p{tasks}{round}"), keys_per_run);
+                    theirs
+                        .record(&mut admin, run.len(), peer_run(&peer, &run, tasks))
+                        .await;
+                }
+            }
         }
         let ratios: Vec<f64> = ours
             .rates
