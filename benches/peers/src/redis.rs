@@ -408,7 +408,7 @@ async fn main() {
         );
     }
     flush(&mut admin);
-    for (batch, tasks) in [(256usize, 1usize), (256, 8)] {
+    for (batch, tasks) in [(256usize, 1usize), (256, 8), (256, 64)] {
         let r = idem_batched(&idem, &format!("b{batch}{tasks}"), n * 2, batch, tasks).await;
         println!(
             "idem begin_many + complete_many, {batch} keys a call, {tasks} task(s): {r:.0} keys/s"
