@@ -60,13 +60,31 @@ use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
 
 use crate::coalesce::Coalescer;
 
-/// Why [`RedisStore::connect`] failed.
+/// Why [`RedisStore::connect`] failed. Shows the address with any password
+/// hidden.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot connect to Redis at {url}: {source}")]
 pub struct ConnectError {
     url: String,
     #[source]
     source: redis::RedisError,
+}
+
+/// `url` with its credentials hidden, for messages and logs:
+/// `redis://user:secret@host:6379/0` reads `redis://user:***@host:6379/0`.
+/// Everything before the last `@` counts as credentials, so a password
+/// with a stray `@` or `/` in it stays hidden too.
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some((credentials, host)) = rest.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match credentials.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => format!("{scheme}://***@{host}"),
+    }
 }
 
 /// The Redis store; see the [crate docs](crate). Clones share one
@@ -233,7 +251,12 @@ impl RedisStoreBuilder {
     /// Connects.
     pub async fn connect(self) -> Result<RedisStore, ConnectError> {
         let fail = |source| ConnectError {
-            url: self.nodes.join(","),
+            url: self
+                .nodes
+                .iter()
+                .map(|n| redacted(n))
+                .collect::<Vec<_>>()
+                .join(","),
             source,
         };
         let client_for_waiters = redis::Client::open(self.nodes[0].as_str()).ok();
@@ -1105,7 +1128,7 @@ impl Store for RedisStore {
 
 #[cfg(test)]
 mod tests {
-    use super::{master_of, masters, slot};
+    use super::{master_of, masters, redacted, slot};
 
     #[test]
     fn slots_follow_the_hash_tag() {
@@ -1132,5 +1155,20 @@ e5 127.0.0.1:7004@17004 master,fail - 0 0 5 disconnected 12000
         assert_eq!(master_of(nodes, 10923), at(7002));
         assert_eq!(master_of(nodes, 12000), at(7002));
         assert_eq!(masters(nodes).len(), 3);
+    }
+
+    #[test]
+    fn credentials_are_hidden_in_shown_addresses() {
+        let cases = [
+            ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379"),
+            ("redis://:secret@h:6379/0", "redis://:***@h:6379/0"),
+            ("rediss://app:secret@h:6380", "rediss://app:***@h:6380"),
+            ("redis://secret@h", "redis://***@h"),
+            ("redis://app:se@c/r@et@h:1", "redis://app:***@h:1"),
+            ("not a url", "not a url"),
+        ];
+        for (url, shown) in cases {
+            assert_eq!(redacted(url), shown, "{url}");
+        }
     }
 }

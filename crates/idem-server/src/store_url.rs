@@ -5,7 +5,8 @@ use std::sync::Arc;
 use idem_core::{Limits, MemoryStore, SharedStore};
 use idem_file::{Durability, FileStore};
 
-use crate::config::{ConfigError, DurabilityArg, bad};
+use crate::Failure;
+use crate::config::{DurabilityArg, bad};
 
 /// An open store, and what must happen to it at shutdown.
 pub struct OpenStore {
@@ -25,17 +26,17 @@ impl OpenStore {
     }
 }
 
+/// Opens the store at `url`. A URL idem cannot read is a bad setting; a
+/// store that will not open (a directory in use, Redis unreachable) is a
+/// failure to start, with what to check.
 pub async fn open(
     url: &str,
     durability: DurabilityArg,
     limits: Limits,
-) -> Result<OpenStore, ConfigError> {
+) -> Result<OpenStore, Failure> {
     if let Some(path) = url.strip_prefix("file://") {
         if path.is_empty() {
-            return Err(bad(
-                "store",
-                "file:// needs a path, e.g. file://./idem-data",
-            ));
+            return Err(bad("store", "file:// needs a path, e.g. file://./idem-data").into());
         }
         let store = FileStore::builder(path)
             .durability(match durability {
@@ -45,7 +46,7 @@ pub async fn open(
             })
             .limits(limits)
             .open()
-            .map_err(|e| bad("store", e.to_string()))?;
+            .map_err(|e| Failure::Run(e.to_string()))?;
         return Ok(OpenStore {
             store: Arc::new(store.clone()),
             file: Some(store),
@@ -67,11 +68,12 @@ pub async fn open(
             .limits(limits)
             .connect()
             .await
-            .map_err(|e| bad("store", e.to_string()))?;
+            .map_err(unreachable_redis)?;
+        let shown: Vec<String> = nodes.iter().map(|n| idem_redis::redacted(n)).collect();
         return Ok(OpenStore {
             store: Arc::new(store),
             file: None,
-            description: format!("Redis Cluster store at {}", redact_password(url)),
+            description: format!("Redis Cluster store at {}", shown.join(",")),
         });
     }
     #[cfg(feature = "redis")]
@@ -80,12 +82,11 @@ pub async fn open(
             .limits(limits)
             .connect()
             .await
-            .map_err(|e| bad("store", e.to_string()))?;
-        let shown = redact_password(url);
+            .map_err(unreachable_redis)?;
         return Ok(OpenStore {
             store: Arc::new(store),
             file: None,
-            description: format!("Redis store at {shown}"),
+            description: format!("Redis store at {}", idem_redis::redacted(url)),
         });
     }
     let scheme = url.split_once("://").map_or(url, |(s, _)| s);
@@ -94,17 +95,14 @@ pub async fn open(
         format!(
             "{scheme:?} stores are not supported by this build; use file://PATH, memory://, redis://HOST:PORT or redis+cluster://HOST:PORT,HOST:PORT"
         ),
-    ))
+    )
+    .into())
 }
 
-/// `url` with any password replaced, for logs.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
-fn redact_password(url: &str) -> String {
-    match (url.split_once("://"), url.rfind('@')) {
-        (Some((scheme, rest)), Some(_)) => {
-            let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
-            format!("{scheme}://***@{host}")
-        }
-        _ => url.to_owned(),
-    }
+/// A Redis store that would not connect: what failed, and what to check.
+#[cfg(feature = "redis")]
+fn unreachable_redis(e: idem_redis::ConnectError) -> Failure {
+    Failure::Run(format!(
+        "{e}; check that Redis is running there and that the address and credentials in --store (IDEM_STORE) are right"
+    ))
 }

@@ -1,5 +1,6 @@
 //! Settings: flags over environment over file; a bad setting stops startup
-//! and names the field.
+//! and names the field; a store that will not open stops it too, saying
+//! what to check.
 
 mod support;
 
@@ -101,6 +102,38 @@ fn invalid_settings_stop_startup_naming_the_field() {
         err.contains("IDEM_MAX_BATCH") || err.contains("max-batch"),
         "{err}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_will_not_open_stops_startup_saying_what_to_check() {
+    // Nothing listens on a port just given back.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let store = format!("redis://app:hunter2@127.0.0.1:{port}");
+    let (code, _, err) = run(
+        &["serve", "--store", &store, "--listen", "127.0.0.1:0"],
+        &[],
+    );
+    assert_eq!(code, 1, "{err}");
+    let shown = format!("cannot connect to Redis at redis://app:***@127.0.0.1:{port}");
+    assert!(err.contains(&shown), "{err}");
+    assert!(err.contains("--store (IDEM_STORE)"), "{err}");
+    assert!(!err.contains("hunter2"), "the password is shown: {err}");
+    assert!(!err.contains("invalid setting"), "{err}");
+
+    // A directory another idem process holds.
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().display());
+    let _holder = start(&["serve", "--store", &store], &[]).await;
+    let (code, _, err) = run(
+        &["serve", "--store", &store, "--listen", "127.0.0.1:0"],
+        &[],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("another idem process"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
