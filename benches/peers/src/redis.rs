@@ -1,8 +1,8 @@
 //! idem's Redis store beside the `idempotent` crate's Valkey store (0.3.0),
 //! on one Redis, one workload: N keys plus 10 % duplicates, a delivery is a
-//! claim and a completion when claimed, with 1 and 64 tasks. Then idem's
-//! batches, and bytes per record. Run by `benches/redis/run`, against a
-//! Redis of its own (this FLUSHALLs it).
+//! claim (with a fingerprint, on both sides) and a completion when claimed,
+//! with 1 and 64 tasks. Then idem's batches, and bytes per record. Run by
+//! `benches/redis/run`, against a Redis of its own (this FLUSHALLs it).
 //!   cargo run --release --manifest-path benches/peers/Cargo.toml --bin redis -- redis://127.0.0.1:6399
 //! With `-- URL N --one idem|idempotent TASKS`, one run of one side only
 //! (`benches/redis/client-instructions` counts its instructions).
@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_core::{Begin, BeginItem, CompleteItem, Key, Lease, Namespace, Store};
+use idem_core::{Begin, BeginItem, CompleteItem, Fingerprint, Key, Lease, Namespace, Store};
 use idem_redis::RedisStore;
 use idempotent::fingerprint::{DefaultFingerprintStrategy, FingerprintStrategy};
 use idempotent::store::valkey::ValkeyStore;
@@ -52,12 +52,16 @@ async fn idem_run(store: &RedisStore, keys: &[String], tasks: usize) -> (f64, Ve
         .map(|part| {
             let (store, ns) = (store.clone(), ns.clone());
             tokio::spawn(async move {
+                // A fingerprint on every claim, as the peer keeps one.
+                let fingerprint = Some(Fingerprint::sha256(b"POST /orders"));
                 let mut times = Vec::with_capacity(part.len());
                 for k in part {
                     let t = Instant::now();
                     let key = Key::in_namespace(ns.clone(), k).unwrap();
-                    if let Begin::Acquired(c) =
-                        store.begin(&key, None, Lease::from_secs(60)).await.unwrap()
+                    if let Begin::Acquired(c) = store
+                        .begin(&key, fingerprint, Lease::from_secs(60))
+                        .await
+                        .unwrap()
                     {
                         let done = store
                             .complete(&key, c.token, Some("ok".into()), Duration::from_secs(600))
