@@ -5,7 +5,8 @@
 //! - always: the record, the [`Store`] contract, the [`Guard`] and the
 //!   [`MemoryStore`] (from `idem-core`);
 //! - `file` (default): [`FileStore`], the embedded durable store;
-//! - `redis`: `RedisStore`, on Redis.
+//! - `redis`: `RedisStore`, on standalone Redis or Redis Cluster, and its
+//!   distributed `Lock` (watchdog, fencing tokens, fair waiting).
 //!
 //! ```no_run
 //! use idem::{FileStore, Guard, Key, Lease};
@@ -28,4 +29,4 @@ pub use idem_core::*;
 pub use idem_file::{Durability, FileStore, FileStoreBuilder, OpenError};
 
 #[cfg(feature = "redis")]
-pub use idem_redis::{RedisStore, RedisStoreBuilder};
+pub use idem_redis::{ConnectError, Lock, LockGuard, RedisStore, RedisStoreBuilder};
