@@ -1,30 +1,4 @@
-//! A distributed lock on Redis, usable without the rest of idem: what teams
-//! expect from a Redisson-style lock.
-//!
-//! - `SET NX PX` with a random owner value; release and renewal by
-//!   compare-and-act scripts only, so no one deletes another owner's lock.
-//! - A **watchdog** renews the lease every third of its length while the
-//!   guard lives and tells the holder when a renewal is refused
-//!   ([`LockGuard::lost`]) instead of failing silently.
-//! - A **fencing token** per acquisition, increasing per lock name (same
-//!   rule as the store's tokens: last plus one, at least `TIME × 1024`).
-//! - **Fair waiting without busy polling**: waiters line up in a Redis list;
-//!   a release wakes the first in line (its own wake list, `BLPOP`), and
-//!   newcomers cannot jump the queue. A waiter that gives up or dies leaves
-//!   the line at its deadline. A bounded fallback poll (every second) covers
-//!   lost wake-ups, and waiting when the node cannot be reached. On Redis
-//!   Cluster a waiter blocks on the master that serves the lock's slot.
-//!
-//! ```no_run
-//! # async fn run(store: idem_redis::RedisStore) -> Result<(), idem_core::StoreError> {
-//! use std::time::Duration;
-//! let lock = store.lock("nightly-report").lease(Duration::from_secs(10));
-//! if let Some(guard) = lock.try_lock(Duration::from_secs(5)).await? {
-//!     // ... work, passing guard.token() to a sink that checks it ...
-//!     guard.release().await?;
-//! }
-//! # Ok(()) }
-//! ```
+//! The distributed lock; see [`Lock`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,7 +14,33 @@ use crate::{Inner, corrupt, number, unavailable};
 /// How often a waiter looks again when no wake-up came.
 const FALLBACK_POLL: Duration = Duration::from_secs(1);
 
-/// A named lock; see the [module docs](self).
+/// A named distributed lock on Redis, usable without the rest of idem: what
+/// teams expect from a Redisson-style lock.
+///
+/// - `SET NX PX` with a random owner value; release and renewal by
+///   compare-and-act scripts only, so no one deletes another owner's lock.
+/// - A **watchdog** renews the lease every third of its length while the
+///   guard lives and tells the holder when a renewal is refused
+///   ([`LockGuard::lost`]) instead of failing silently.
+/// - A **fencing token** per acquisition, increasing per lock name (same
+///   rule as the store's tokens: last plus one, at least `TIME × 1024`).
+/// - **Fair waiting without busy polling**: waiters line up in a Redis list;
+///   a release wakes the first in line (its own wake list, `BLPOP`), and
+///   newcomers cannot jump the queue. A waiter that gives up or dies leaves
+///   the line at its deadline. A bounded fallback poll (every second) covers
+///   lost wake-ups, and waiting when the node cannot be reached. On Redis
+///   Cluster a waiter blocks on the master that serves the lock's slot.
+///
+/// ```no_run
+/// # async fn run(store: idem_redis::RedisStore) -> Result<(), idem_core::StoreError> {
+/// use std::time::Duration;
+/// let lock = store.lock("nightly-report").lease(Duration::from_secs(10));
+/// if let Some(guard) = lock.try_lock(Duration::from_secs(5)).await? {
+///     // ... work, passing guard.token() to a sink that checks it ...
+///     guard.release().await?;
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Lock {
     inner: Arc<Inner>,
