@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use idem_core::{FencingToken, Fingerprint, StoreError};
+use idem_core::{FencingToken, Fingerprint, InvalidInput, Lease, StoreError};
 use redis::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -58,10 +58,28 @@ impl Lock {
     }
 
     /// The lease each acquisition takes, renewed by the watchdog (default
-    /// 30 s). A holder that dies loses the lock within one lease.
+    /// 30 s). A holder that dies loses the lock within one lease. Leases
+    /// under 3 ms are raised to 3 ms; one over the store's `max_lease` makes
+    /// [`try_lock`](Self::try_lock) refuse.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease.max(Duration::from_millis(3));
         self
+    }
+
+    /// The name and the lease within the store's limits.
+    fn check(&self) -> Result<(), InvalidInput> {
+        let limits = &self.inner.limits;
+        let len = self.name.len();
+        if len == 0 {
+            return Err(InvalidInput::EmptyKey);
+        }
+        if len > limits.max_key_bytes {
+            return Err(InvalidInput::KeyTooLong {
+                len,
+                limit: limits.max_key_bytes,
+            });
+        }
+        limits.check_lease(Lease::new(self.lease))
     }
 
     fn key(&self, suffix: &str) -> String {
@@ -69,8 +87,10 @@ impl Lock {
     }
 
     /// Takes the lock, waiting up to `wait` in line; `None` if it stayed
-    /// taken.
+    /// taken. Refuses, touching nothing, a name that is empty or longer than
+    /// the store's `max_key_bytes`, and a lease over its `max_lease`.
     pub async fn try_lock(&self, wait: Duration) -> Result<Option<LockGuard>, StoreError> {
+        self.check()?;
         let me = owner_id();
         let deadline = Instant::now() + wait;
         let wake_key = format!("{}{me}", self.key(":w:"));

@@ -1,12 +1,14 @@
 //! The distributed lock on a real Redis and on a real Redis Cluster:
 //! mutual exclusion under contention, the watchdog, a dead holder's expiry
-//! with a larger token, owner-only release, and first-come-first-served
-//! waiting, woken rather than polled.
+//! with a larger token, owner-only release, first-come-first-served
+//! waiting, woken rather than polled, and names and leases past the limits
+//! refused.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use idem_core::{InvalidInput, StoreError};
 use idem_redis::RedisStore;
 use idem_testkit::services;
 use tokio::sync::Mutex;
@@ -105,6 +107,7 @@ on_both!(
     a_dead_holders_lock_expires_and_the_next_gets_a_larger_token,
     only_the_owner_can_release_and_a_lost_lock_is_reported,
     waiters_are_served_first_come_first_served,
+    names_and_leases_past_the_limits_are_refused_touching_nothing,
 );
 
 fn name(n: &str) -> String {
@@ -254,4 +257,46 @@ async fn waiters_are_served_first_come_first_served(store: RedisStore, _raw: Raw
         "waiters were woken, not left to the once-a-second poll: {:?}",
         started.elapsed()
     );
+}
+
+async fn names_and_leases_past_the_limits_are_refused_touching_nothing(
+    store: RedisStore,
+    mut raw: Raw,
+) {
+    let refused = |r: Result<Option<idem_redis::LockGuard>, StoreError>| match r {
+        Err(StoreError::Invalid(e)) => e,
+        Err(e) => panic!("refused as the wrong error: {e}"),
+        Ok(_) => panic!("not refused"),
+    };
+    let wait = Duration::from_secs(1);
+    assert!(matches!(
+        refused(store.lock("").try_lock(wait).await),
+        InvalidInput::EmptyKey
+    ));
+    // 255 bytes is the default limit.
+    let long = format!("{}-{}", name("long"), "x".repeat(255));
+    assert!(matches!(
+        refused(store.lock(&long).try_lock(wait).await),
+        InvalidInput::KeyTooLong { limit: 255, .. }
+    ));
+    let n = name("lease");
+    let too_long = Duration::from_secs(8 * 24 * 3600);
+    assert!(matches!(
+        refused(store.lock(&n).lease(too_long).try_lock(wait).await),
+        InvalidInput::LeaseTooLong { .. }
+    ));
+    for name in [&long, &n] {
+        let keys = [":t", ":q", ":qd"].map(|s| format!("idem:{{lock:{name}}}{s}"));
+        let found: usize = raw
+            .run(
+                redis::cmd("EXISTS")
+                    .arg(format!("idem:{{lock:{name}}}"))
+                    .arg(&keys[..]),
+            )
+            .await;
+        assert_eq!(found, 0, "a refused lock wrote to Redis");
+    }
+    // Within the limits, the same store takes it.
+    let guard = store.lock(&n).try_lock(wait).await.unwrap().unwrap();
+    assert!(guard.release().await.unwrap());
 }
