@@ -6,7 +6,11 @@
 //! pipelined round trip, and single `begin`s and `complete`s made at the
 //! same time are sent together as one many-item call (see
 //! [`RedisStoreBuilder::coalesce`]). Needs Redis 6.2 or later (or Valkey);
-//! on 7.0 and later a first claim is a single `SET … NX GET`.
+//! on 7.0 and later a first claim is a single `SET … NX GET`. `rediss://`
+//! URLs speak TLS (feature `tls`, on by default), with the system's roots
+//! or a CA of your own, and a client certificate where Redis asks for one
+//! ([`RedisStoreBuilder::tls_ca`],
+//! [`RedisStoreBuilder::tls_client_certificate`]).
 //!
 //! ```no_run
 //! use idem_core::{Guard, Key};
@@ -190,6 +194,9 @@ pub struct RedisStoreBuilder {
     coalesce: bool,
     /// Use `GET` then `SET` even where `SET … NX GET` is known.
     plain_commands: bool,
+    /// Certificates for `rediss://` beyond the system's trust store.
+    #[cfg(feature = "tls")]
+    tls: Option<redis::TlsCertificates>,
 }
 
 impl RedisStoreBuilder {
@@ -221,6 +228,41 @@ impl RedisStoreBuilder {
     pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
         self.replicas = (replicas > 0).then_some((replicas, timeout));
         self
+    }
+
+    /// For `rediss://` URLs: trust the certificate authorities in `pem`
+    /// (one or more PEM certificates) instead of the system's trust store,
+    /// as for a Redis whose certificate a private CA signed. Without it,
+    /// `rediss://` checks the server against the system's roots.
+    #[cfg(feature = "tls")]
+    pub fn tls_ca(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.get_or_insert_with(no_certificates).root_cert = Some(pem.into());
+        self
+    }
+
+    /// For `rediss://` URLs: present this client certificate chain and
+    /// private key (PEM), for a Redis that asks for them
+    /// (`tls-auth-clients yes`, Redis's default once TLS is on).
+    #[cfg(feature = "tls")]
+    pub fn tls_client_certificate(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.get_or_insert_with(no_certificates).client_tls = Some(redis::ClientTlsConfig {
+            client_cert: cert_pem.into(),
+            client_key: key_pem.into(),
+        });
+        self
+    }
+
+    /// A client for `url`, with the configured certificates.
+    fn client(&self, url: &str) -> redis::RedisResult<redis::Client> {
+        #[cfg(feature = "tls")]
+        if let Some(certs) = &self.tls {
+            return redis::Client::build_with_tls(url, certs.clone());
+        }
+        redis::Client::open(url)
     }
 
     /// Whether single `begin`s and `complete`s issued at the same time are
@@ -259,16 +301,20 @@ impl RedisStoreBuilder {
                 .join(","),
             source,
         };
-        let client_for_waiters = redis::Client::open(self.nodes[0].as_str()).ok();
+        let client_for_waiters = self.client(&self.nodes[0]).ok();
         let conn = if self.cluster {
-            let client = redis::cluster::ClusterClientBuilder::new(self.nodes.clone())
+            let builder = redis::cluster::ClusterClientBuilder::new(self.nodes.clone())
                 .connection_timeout(self.timeout)
-                .response_timeout(self.timeout)
-                .build()
-                .map_err(fail)?;
+                .response_timeout(self.timeout);
+            #[cfg(feature = "tls")]
+            let builder = match &self.tls {
+                Some(certs) => builder.certs(certs.clone()),
+                None => builder,
+            };
+            let client = builder.build().map_err(fail)?;
             Conn::Cluster(client.get_async_connection().await.map_err(fail)?)
         } else {
-            let client = redis::Client::open(self.nodes[0].as_str()).map_err(fail)?;
+            let client = self.client(&self.nodes[0]).map_err(fail)?;
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(self.timeout))
                 .set_response_timeout(Some(self.timeout))
@@ -355,7 +401,17 @@ impl RedisStore {
             timeout: Duration::from_secs(2),
             coalesce: true,
             plain_commands: false,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
+    }
+}
+
+#[cfg(feature = "tls")]
+fn no_certificates() -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: None,
+        root_cert: None,
     }
 }
 
@@ -798,12 +854,25 @@ impl Inner {
             Conn::Single(_) => seed.clone(),
             Conn::Cluster(c) => {
                 let nodes = cluster_nodes(c).await.ok()?;
-                let (host, port) = master_of(&nodes, slot(key))?;
+                let (host, port) = master_of(&nodes, slot(key), self.seed_host())?;
                 let info = seed.get_connection_info().clone();
-                let redis::ConnectionAddr::Tcp(..) = info.addr() else {
-                    return None;
+                // The master's address, reached as the seed is (plain TCP or
+                // TLS with the same certificates).
+                let addr = match info.addr() {
+                    redis::ConnectionAddr::Tcp(..) => redis::ConnectionAddr::Tcp(host, port),
+                    redis::ConnectionAddr::TcpTls {
+                        insecure,
+                        tls_params,
+                        ..
+                    } => redis::ConnectionAddr::TcpTls {
+                        host,
+                        port,
+                        insecure: *insecure,
+                        tls_params: tls_params.clone(),
+                    },
+                    _ => return None,
                 };
-                redis::Client::open(info.set_addr(redis::ConnectionAddr::Tcp(host, port))).ok()?
+                redis::Client::open(info.set_addr(addr)).ok()?
             }
         };
         let config = redis::AsyncConnectionConfig::new()
@@ -815,12 +884,23 @@ impl Inner {
             .ok()
     }
 
+    /// The host of the first seed node: on a one-node cluster, where
+    /// `CLUSTER NODES` leaves the node's own address empty, that is its
+    /// address.
+    fn seed_host(&self) -> &str {
+        match self.client.as_ref().map(|c| c.get_connection_info().addr()) {
+            Some(redis::ConnectionAddr::Tcp(host, _))
+            | Some(redis::ConnectionAddr::TcpTls { host, .. }) => host,
+            _ => "",
+        }
+    }
+
     /// Every key matching `pattern`: one SCAN, or one per cluster master.
     async fn scan_keys(&self, pattern: &str) -> Result<Vec<Vec<u8>>, StoreError> {
         let mut keys = Vec::new();
         let nodes = match &self.conn {
             Conn::Single(_) => vec![None],
-            Conn::Cluster(c) => masters(&cluster_nodes(c).await?)
+            Conn::Cluster(c) => masters(&cluster_nodes(c).await?, self.seed_host())
                 .into_iter()
                 .map(Some)
                 .collect(),
@@ -932,16 +1012,16 @@ async fn cluster_nodes(c: &ClusterConnection) -> Result<String, StoreError> {
 }
 
 /// The masters' addresses in `CLUSTER NODES` output.
-fn masters(nodes: &str) -> Vec<(String, u16)> {
-    cluster_masters(nodes)
+fn masters(nodes: &str, seed_host: &str) -> Vec<(String, u16)> {
+    cluster_masters(nodes, seed_host)
         .into_iter()
         .map(|(addr, _)| addr)
         .collect()
 }
 
 /// The address of the master serving `slot`, from `CLUSTER NODES` output.
-fn master_of(nodes: &str, slot: u16) -> Option<(String, u16)> {
-    cluster_masters(nodes)
+fn master_of(nodes: &str, slot: u16, seed_host: &str) -> Option<(String, u16)> {
+    cluster_masters(nodes, seed_host)
         .into_iter()
         .find(|(_, ranges)| ranges.iter().any(|r| r.contains(&slot)))
         .map(|(addr, _)| addr)
@@ -951,8 +1031,9 @@ fn master_of(nodes: &str, slot: u16) -> Option<(String, u16)> {
 type MasterSlots = ((String, u16), Vec<std::ops::RangeInclusive<u16>>);
 
 /// The masters that are up in `CLUSTER NODES` output, with the slots each
-/// serves (slots being moved, `[…]`, are left out).
-fn cluster_masters(nodes: &str) -> Vec<MasterSlots> {
+/// serves (slots being moved, `[…]`, are left out). A node that has not
+/// learnt its own address (a cluster of one) is at `seed_host`.
+fn cluster_masters(nodes: &str, seed_host: &str) -> Vec<MasterSlots> {
     nodes
         .lines()
         .filter_map(|line| {
@@ -963,6 +1044,7 @@ fn cluster_masters(nodes: &str) -> Vec<MasterSlots> {
             }
             let addr = fields.get(1)?.split('@').next()?;
             let (host, port) = addr.rsplit_once(':')?;
+            let host = if host.is_empty() { seed_host } else { host };
             let ranges = fields
                 .iter()
                 .skip(8)
@@ -1150,11 +1232,17 @@ d4 127.0.0.1:7003@17003 slave a1 0 0 1 connected
 e5 127.0.0.1:7004@17004 master,fail - 0 0 5 disconnected 12000
 ";
         let at = |port| Some(("127.0.0.1".to_owned(), port));
-        assert_eq!(master_of(nodes, 0), at(7000));
-        assert_eq!(master_of(nodes, 5461), at(7001));
-        assert_eq!(master_of(nodes, 10923), at(7002));
-        assert_eq!(master_of(nodes, 12000), at(7002));
-        assert_eq!(masters(nodes).len(), 3);
+        assert_eq!(master_of(nodes, 0, "seed"), at(7000));
+        assert_eq!(master_of(nodes, 5461, "seed"), at(7001));
+        assert_eq!(master_of(nodes, 10923, "seed"), at(7002));
+        assert_eq!(master_of(nodes, 12000, "seed"), at(7002));
+        assert_eq!(masters(nodes, "seed").len(), 3);
+        // A cluster of one does not know its own address.
+        let alone = "a1 :7000@17000 myself,master - 0 0 0 connected 0-16383\n";
+        assert_eq!(
+            master_of(alone, 9000, "10.0.0.5"),
+            Some(("10.0.0.5".to_owned(), 7000))
+        );
     }
 
     #[test]

@@ -17,12 +17,24 @@ pub struct CommonArgs {
     #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Where records live: file://PATH (default file://./idem-data), memory://,
-    /// redis://HOST:PORT or redis+cluster://HOST:PORT,HOST:PORT.
+    /// redis://HOST:PORT or redis+cluster://HOST:PORT,HOST:PORT (rediss://
+    /// and rediss+cluster:// for TLS).
     #[arg(long, env = "IDEM_STORE", value_name = "URL")]
     pub store: Option<String>,
     /// How the file store makes completions durable [default: group].
     #[arg(long, env = "IDEM_DURABILITY", value_enum)]
     pub durability: Option<DurabilityArg>,
+    /// PEM certificate authority to trust for a rediss:// store, instead of
+    /// the system's roots.
+    #[arg(long, env = "IDEM_REDIS_CA_CERT", value_name = "FILE")]
+    pub redis_ca_cert: Option<PathBuf>,
+    /// PEM client certificate for a rediss:// store that asks for one (with
+    /// --redis-client-key).
+    #[arg(long, env = "IDEM_REDIS_CLIENT_CERT", value_name = "FILE")]
+    pub redis_client_cert: Option<PathBuf>,
+    /// PEM private key for --redis-client-cert.
+    #[arg(long, env = "IDEM_REDIS_CLIENT_KEY", value_name = "FILE")]
+    pub redis_client_key: Option<PathBuf>,
     /// PEM certificate chain: serve HTTPS (with --tls-key).
     #[arg(long, env = "IDEM_TLS_CERT", value_name = "FILE")]
     pub tls_cert: Option<PathBuf>,
@@ -85,6 +97,9 @@ pub struct FileSettings {
     pub listen: Option<String>,
     pub store: Option<String>,
     pub durability: Option<DurabilityArg>,
+    pub redis_ca_cert: Option<PathBuf>,
+    pub redis_client_cert: Option<PathBuf>,
+    pub redis_client_key: Option<PathBuf>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub max_body_bytes: Option<usize>,
@@ -138,12 +153,22 @@ pub fn read_file(path: Option<&Path>) -> Result<FileSettings, ConfigError> {
     toml::from_str(&text).map_err(|e| bad("config", format!("{}: {e}", path.display())))
 }
 
+/// Certificate files for a `rediss://` store.
+#[derive(Debug, Default)]
+pub struct RedisTls {
+    /// The CA to trust instead of the system's roots.
+    pub ca: Option<PathBuf>,
+    /// A client certificate and its key.
+    pub client: Option<(PathBuf, PathBuf)>,
+}
+
 /// What both commands need, resolved.
 #[derive(Debug)]
 pub struct Common {
     pub listen: SocketAddr,
     pub store: String,
     pub durability: DurabilityArg,
+    pub redis_tls: RedisTls,
     pub tls: Option<(PathBuf, PathBuf)>,
     pub limits: Limits,
     pub max_body_bytes: usize,
@@ -235,6 +260,28 @@ pub fn resolve_common(
         (Some(_), None) => return Err(bad("tls_key", "tls_cert is set, so tls_key must be too")),
         (None, Some(_)) => return Err(bad("tls_cert", "tls_key is set, so tls_cert must be too")),
     };
+    let redis_tls = RedisTls {
+        ca: args.redis_ca_cert.or(file.redis_ca_cert.clone()),
+        client: match (
+            args.redis_client_cert.or(file.redis_client_cert.clone()),
+            args.redis_client_key.or(file.redis_client_key.clone()),
+        ) {
+            (Some(c), Some(k)) => Some((c, k)),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(bad(
+                    "redis_client_key",
+                    "redis_client_cert is set, so redis_client_key must be too",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(bad(
+                    "redis_client_cert",
+                    "redis_client_key is set, so redis_client_cert must be too",
+                ));
+            }
+        },
+    };
     let mut grants = Vec::new();
     for spec in args.auth_tokens.iter().filter(|s| !s.trim().is_empty()) {
         let Some((namespaces, token)) = spec.split_once('=') else {
@@ -264,6 +311,7 @@ pub fn resolve_common(
             .durability
             .or(file.durability)
             .unwrap_or(DurabilityArg::Group),
+        redis_tls,
         tls,
         limits,
         max_body_bytes,

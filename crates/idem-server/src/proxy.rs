@@ -56,7 +56,7 @@ pub async fn run(args: ProxyArgs) -> Result<(), Failure> {
         .map(Duration::from_millis);
     let common = resolve_common(args.common, args.listen, "127.0.0.1:7701", &file)?;
     init_logging(&common.log)?;
-    let store = store_url::open(&common.store, common.durability, common.limits.clone()).await?;
+    let store = store_url::open(&common).await?;
     let config = GatewayConfig {
         namespace: Namespace::new("http").expect("a valid namespace"),
         require_key,

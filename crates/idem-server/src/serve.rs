@@ -21,7 +21,7 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
     let file = read_file(args.common.config.as_deref())?;
     let common = resolve_common(args.common, args.listen, "127.0.0.1:7700", &file)?;
     init_logging(&common.log)?;
-    let store = store_url::open(&common.store, common.durability, common.limits.clone()).await?;
+    let store = store_url::open(&common).await?;
     let metrics = PrometheusBuilder::new()
         .set_buckets_for_metric(
             Matcher::Full("idem_http_request_duration_seconds".into()),

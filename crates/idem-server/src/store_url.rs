@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use idem_core::{Limits, MemoryStore, SharedStore};
+use idem_core::{MemoryStore, SharedStore};
 use idem_file::{Durability, FileStore};
 
 use crate::Failure;
-use crate::config::{DurabilityArg, bad};
+use crate::config::{Common, DurabilityArg, bad};
 
 /// An open store, and what must happen to it at shutdown.
 pub struct OpenStore {
@@ -26,25 +26,35 @@ impl OpenStore {
     }
 }
 
-/// Opens the store at `url`. A URL idem cannot read is a bad setting; a
-/// store that will not open (a directory in use, Redis unreachable) is a
-/// failure to start, with what to check.
-pub async fn open(
-    url: &str,
-    durability: DurabilityArg,
-    limits: Limits,
-) -> Result<OpenStore, Failure> {
+/// Opens the store `common` names. A URL idem cannot read is a bad
+/// setting; a store that will not open (a directory in use, Redis
+/// unreachable) is a failure to start, with what to check.
+pub async fn open(common: &Common) -> Result<OpenStore, Failure> {
+    let url = common.store.as_str();
+    let tls = &common.redis_tls;
+    if (tls.ca.is_some() || tls.client.is_some()) && !url.starts_with("rediss") {
+        let field = if tls.ca.is_some() {
+            "redis_ca_cert"
+        } else {
+            "redis_client_cert"
+        };
+        return Err(bad(
+            field,
+            "is for a TLS Redis store: give --store rediss://HOST:PORT or rediss+cluster://HOST:PORT,…",
+        )
+        .into());
+    }
     if let Some(path) = url.strip_prefix("file://") {
         if path.is_empty() {
             return Err(bad("store", "file:// needs a path, e.g. file://./idem-data").into());
         }
         let store = FileStore::builder(path)
-            .durability(match durability {
+            .durability(match common.durability {
                 DurabilityArg::Group => Durability::GroupCommit,
                 DurabilityArg::Immediate => Durability::Immediate,
                 DurabilityArg::Buffered => Durability::Buffered,
             })
-            .limits(limits)
+            .limits(common.limits.clone())
             .open()
             .map_err(|e| Failure::Run(e.to_string()))?;
         return Ok(OpenStore {
@@ -55,54 +65,79 @@ pub async fn open(
     }
     if url == "memory://" || url == "memory:" {
         return Ok(OpenStore {
-            store: Arc::new(MemoryStore::builder().limits(limits).build()),
+            store: Arc::new(MemoryStore::builder().limits(common.limits.clone()).build()),
             file: None,
             description: "memory store (records are lost when the process ends)".into(),
         });
     }
     #[cfg(feature = "redis")]
-    if let Some(nodes) = url.strip_prefix("redis+cluster://") {
-        let nodes: Vec<String> = nodes.split(',').map(|n| format!("redis://{n}")).collect();
-        let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
-        let store = idem_redis::RedisStore::cluster_builder(&refs)
-            .limits(limits)
-            .connect()
-            .await
-            .map_err(unreachable_redis)?;
-        let shown: Vec<String> = nodes.iter().map(|n| idem_redis::redacted(n)).collect();
-        return Ok(OpenStore {
-            store: Arc::new(store),
-            file: None,
-            description: format!("Redis Cluster store at {}", shown.join(",")),
-        });
-    }
-    #[cfg(feature = "redis")]
-    if url.starts_with("redis://") || url.starts_with("rediss://") {
-        let store = idem_redis::RedisStore::builder(url)
-            .limits(limits)
-            .connect()
-            .await
-            .map_err(unreachable_redis)?;
-        return Ok(OpenStore {
-            store: Arc::new(store),
-            file: None,
-            description: format!("Redis store at {}", idem_redis::redacted(url)),
-        });
+    if let Some(redis) = open_redis(url, common).await? {
+        return Ok(redis);
     }
     let scheme = url.split_once("://").map_or(url, |(s, _)| s);
     Err(bad(
         "store",
         format!(
-            "{scheme:?} stores are not supported by this build; use file://PATH, memory://, redis://HOST:PORT or redis+cluster://HOST:PORT,HOST:PORT"
+            "{scheme:?} stores are not supported by this build; use file://PATH, memory://, redis://HOST:PORT or redis+cluster://HOST:PORT,HOST:PORT (rediss:// and rediss+cluster:// for TLS)"
         ),
     )
     .into())
 }
 
-/// A Redis store that would not connect: what failed, and what to check.
+/// A Redis store, for `redis://`, `rediss://`, `redis+cluster://` and
+/// `rediss+cluster://` URLs; `None` for other schemes.
 #[cfg(feature = "redis")]
-fn unreachable_redis(e: idem_redis::ConnectError) -> Failure {
-    Failure::Run(format!(
-        "{e}; check that Redis is running there and that the address and credentials in --store (IDEM_STORE) are right"
-    ))
+async fn open_redis(url: &str, common: &Common) -> Result<Option<OpenStore>, Failure> {
+    use idem_redis::{RedisStore, redacted};
+
+    let (builder, description) = if let Some((scheme, nodes)) = url
+        .split_once("+cluster://")
+        .filter(|(scheme, _)| matches!(*scheme, "redis" | "rediss"))
+    {
+        let nodes: Vec<String> = nodes
+            .split(',')
+            .map(|n| format!("{scheme}://{n}"))
+            .collect();
+        let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
+        let shown: Vec<String> = nodes.iter().map(|n| redacted(n)).collect();
+        (
+            RedisStore::cluster_builder(&refs),
+            format!("Redis Cluster store at {}", shown.join(",")),
+        )
+    } else if url.starts_with("redis://") || url.starts_with("rediss://") {
+        (
+            RedisStore::builder(url),
+            format!("Redis store at {}", redacted(url)),
+        )
+    } else {
+        return Ok(None);
+    };
+    let mut builder = builder.limits(common.limits.clone());
+    let tls = &common.redis_tls;
+    if let Some(ca) = &tls.ca {
+        builder = builder.tls_ca(read("redis_ca_cert", ca)?);
+    }
+    if let Some((cert, key)) = &tls.client {
+        builder = builder.tls_client_certificate(
+            read("redis_client_cert", cert)?,
+            read("redis_client_key", key)?,
+        );
+    }
+    let store = builder.connect().await.map_err(|e| {
+        Failure::Run(format!(
+            "{e}; check that Redis is running there and that the address, credentials and certificates given in --store (IDEM_STORE) and --redis-* are right"
+        ))
+    })?;
+    Ok(Some(OpenStore {
+        store: Arc::new(store),
+        file: None,
+        description,
+    }))
+}
+
+/// The contents of the file a setting names.
+#[cfg(feature = "redis")]
+fn read(field: &'static str, path: &std::path::Path) -> Result<Vec<u8>, Failure> {
+    std::fs::read(path)
+        .map_err(|e| bad(field, format!("cannot read {}: {e}", path.display())).into())
 }

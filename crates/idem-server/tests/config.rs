@@ -27,6 +27,9 @@ fn help_documents_every_option() {
         "--default-retention-ms",
         "--auth-token",
         "--log",
+        "--redis-ca-cert",
+        "--redis-client-cert",
+        "--redis-client-key",
         "IDEM_STORE",
         "IDEM_LISTEN",
     ] {
@@ -79,6 +82,27 @@ fn invalid_settings_stop_startup_naming_the_field() {
             "`log`",
         ),
         (vec!["proxy", "--store", "memory://"], vec![], "`upstream`"),
+        (
+            vec!["serve", "--store", "memory://", "--redis-ca-cert", "ca.pem"],
+            vec![],
+            "`redis_ca_cert`",
+        ),
+        (
+            vec![
+                "serve",
+                "--store",
+                "rediss://127.0.0.1:1",
+                "--redis-ca-cert",
+                "/nonexistent/ca.pem",
+            ],
+            vec![],
+            "`redis_ca_cert`",
+        ),
+        (
+            vec!["serve", "--store", "rediss://127.0.0.1:1"],
+            vec![("IDEM_REDIS_CLIENT_CERT", "client.pem")],
+            "`redis_client_key`",
+        ),
     ];
     for (args, env, field) in cases {
         let (code, _, err) = run(&args, &env);

@@ -20,6 +20,7 @@ pub mod cases;
 pub mod faults;
 pub mod model;
 pub mod services;
+pub mod tls_redis;
 
 use std::time::Duration;
 
