@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use idem_core::{Begin, Key, Lease, Store};
+use idem_core::{Begin, Key, Lease, ScanQuery, Store};
 use idem_redis::{RedisStore, RedisStoreBuilder};
 use idem_testkit::cases::acquired;
 use idem_testkit::tls_redis::TlsRedis;
@@ -48,6 +48,12 @@ async fn works_over_tls(cluster: bool) {
         Begin::Completed { outcome, .. } => assert_eq!(outcome.as_deref(), Some(&b"sent"[..])),
         other => panic!("a repeat replays the outcome, got {other:?}"),
     }
+    // Listing reaches every master (the one node of a cluster of one too).
+    let listed = store
+        .scan(&ScanQuery::new(key.namespace().clone()))
+        .await
+        .unwrap();
+    assert!(listed.iter().any(|e| e.key == key), "{listed:?}");
 
     let lock = store.lock("tls-lock").lease(Duration::from_secs(5));
     let holder = lock.try_lock(Duration::ZERO).await.unwrap().unwrap();
