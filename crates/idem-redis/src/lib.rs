@@ -301,8 +301,10 @@ impl RedisStoreBuilder {
                 .join(","),
             source,
         };
-        let client_for_waiters = self.client(&self.nodes[0]).ok();
-        let conn = if self.cluster {
+        // The first node's client: the standalone Redis, or the seed whose
+        // settings serve for a lock waiter's connection to any master.
+        let seed = self.client(&self.nodes[0]);
+        let (conn, client_for_waiters) = if self.cluster {
             let builder = redis::cluster::ClusterClientBuilder::new(self.nodes.clone())
                 .connection_timeout(self.timeout)
                 .response_timeout(self.timeout);
@@ -312,19 +314,19 @@ impl RedisStoreBuilder {
                 None => builder,
             };
             let client = builder.build().map_err(fail)?;
-            Conn::Cluster(client.get_async_connection().await.map_err(fail)?)
+            let conn = Conn::Cluster(client.get_async_connection().await.map_err(fail)?);
+            (conn, seed.ok())
         } else {
-            let client = self.client(&self.nodes[0]).map_err(fail)?;
+            let client = seed.map_err(fail)?;
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(self.timeout))
                 .set_response_timeout(Some(self.timeout))
                 .set_number_of_retries(2)
                 .set_max_delay(Duration::from_millis(500));
-            Conn::Single(
-                ConnectionManager::new_with_config(client, config)
-                    .await
-                    .map_err(fail)?,
-            )
+            let manager = ConnectionManager::new_with_config(client.clone(), config)
+                .await
+                .map_err(fail)?;
+            (Conn::Single(manager), Some(client))
         };
         let nx_get = !self.plain_commands && supports_nx_get(&conn).await;
         let inner = Arc::new(Inner {
