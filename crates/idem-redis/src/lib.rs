@@ -143,6 +143,8 @@ impl ConnectionLike for Conn {
 
 struct Inner {
     conn: Conn,
+    /// Completions' own connection when they `WAIT` for replicas.
+    waiting: Option<Conn>,
     /// For connections of their own (a lock waiter's `BLPOP`): the
     /// standalone Redis; on a cluster, the first seed node, whose settings
     /// serve for connecting to the others.
@@ -224,7 +226,10 @@ impl RedisStoreBuilder {
     /// window in which a failover loses an acknowledged completion: Redis
     /// replication stays asynchronous, a replica that acknowledged can still
     /// lose the write, and when fewer replicas answer in time the
-    /// completion stands anyway (it is logged). Off by default.
+    /// completion stands anyway (it is logged). Completions then travel on
+    /// a connection of their own (`WAIT` holds the connection it is sent
+    /// on), answered within the call timeout plus `timeout`, so a slow or
+    /// missing replica holds up completions only. Off by default.
     pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
         self.replicas = (replicas > 0).then_some((replicas, timeout));
         self
@@ -254,6 +259,36 @@ impl RedisStoreBuilder {
             client_key: key_pem.into(),
         });
         self
+    }
+
+    /// A connection to the standalone Redis (`seed`) or to the cluster,
+    /// each call answered within `answer_within`.
+    async fn open(
+        &self,
+        seed: redis::RedisResult<redis::Client>,
+        answer_within: Duration,
+    ) -> redis::RedisResult<Conn> {
+        if self.cluster {
+            let builder = redis::cluster::ClusterClientBuilder::new(self.nodes.clone())
+                .connection_timeout(self.timeout)
+                .response_timeout(answer_within);
+            #[cfg(feature = "tls")]
+            let builder = match &self.tls {
+                Some(certs) => builder.certs(certs.clone()),
+                None => builder,
+            };
+            return Ok(Conn::Cluster(
+                builder.build()?.get_async_connection().await?,
+            ));
+        }
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(answer_within))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        Ok(Conn::Single(
+            ConnectionManager::new_with_config(seed?, config).await?,
+        ))
     }
 
     /// A client for `url`, with the configured certificates.
@@ -304,33 +339,22 @@ impl RedisStoreBuilder {
         // The first node's client: the standalone Redis, or the seed whose
         // settings serve for a lock waiter's connection to any master.
         let seed = self.client(&self.nodes[0]);
-        let (conn, client_for_waiters) = if self.cluster {
-            let builder = redis::cluster::ClusterClientBuilder::new(self.nodes.clone())
-                .connection_timeout(self.timeout)
-                .response_timeout(self.timeout);
-            #[cfg(feature = "tls")]
-            let builder = match &self.tls {
-                Some(certs) => builder.certs(certs.clone()),
-                None => builder,
-            };
-            let client = builder.build().map_err(fail)?;
-            let conn = Conn::Cluster(client.get_async_connection().await.map_err(fail)?);
-            (conn, seed.ok())
-        } else {
-            let client = seed.map_err(fail)?;
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(self.timeout))
-                .set_response_timeout(Some(self.timeout))
-                .set_number_of_retries(2)
-                .set_max_delay(Duration::from_millis(500));
-            let manager = ConnectionManager::new_with_config(client.clone(), config)
-                .await
-                .map_err(fail)?;
-            (Conn::Single(manager), Some(client))
+        let client_for_waiters = seed.as_ref().ok().cloned();
+        let conn = self.open(seed, self.timeout).await.map_err(fail)?;
+        // `WAIT` holds the connection it is sent on until the replicas
+        // answer: completions that wait get a connection of their own, so
+        // everything else goes on meanwhile.
+        let waiting = match self.replicas {
+            Some((_, wait)) => {
+                let seed = self.client(&self.nodes[0]);
+                Some(self.open(seed, self.timeout + wait).await.map_err(fail)?)
+            }
+            None => None,
         };
         let nx_get = !self.plain_commands && supports_nx_get(&conn).await;
         let inner = Arc::new(Inner {
             conn,
+            waiting,
             client: client_for_waiters,
             scripts: Scripts {
                 begin: script!("time.lua", "begin_first.lua", "record.lua", "begin.lua"),
@@ -605,7 +629,7 @@ impl Inner {
             };
         };
         let replies = self
-            .run_script(&self.scripts.begin, calls, shared, own, 1)
+            .run_script(&self.conn, &self.scripts.begin, calls, shared, own, 1)
             .await?;
         replies
             .iter()
@@ -653,8 +677,9 @@ impl Inner {
             cmd.arg(&item.token.get().to_le_bytes()[..])
                 .arg(item.outcome.as_deref().unwrap_or(b""));
         };
+        let conn = self.waiting.as_ref().unwrap_or(&self.conn);
         let replies = self
-            .run_script(&self.scripts.complete, calls, shared, own, 0)
+            .run_script(conn, &self.scripts.complete, calls, shared, own, 0)
             .await?;
         let answers: Vec<Fenced> = replies
             .iter()
@@ -663,17 +688,23 @@ impl Inner {
         if let Some((replicas, timeout)) = self.replicas
             && answers.iter().any(|a| !a.is_stale())
         {
-            self.wait_for_replicas(items, replicas, timeout).await;
+            self.wait_for_replicas(conn, items, replicas, timeout).await;
         }
         Ok(answers)
     }
 
     /// `WAIT` on the node of each item's key (all of them on a standalone
     /// Redis); too few replicas in time is logged, not an error.
-    async fn wait_for_replicas(&self, items: &[CompleteItem], replicas: u32, timeout: Duration) {
+    async fn wait_for_replicas(
+        &self,
+        conn: &Conn,
+        items: &[CompleteItem],
+        replicas: u32,
+        timeout: Duration,
+    ) {
         let mut cmd = redis::cmd("WAIT");
         cmd.arg(replicas).arg(millis(timeout));
-        let routes: Vec<Option<u16>> = match &self.conn {
+        let routes: Vec<Option<u16>> = match conn {
             Conn::Single(_) => vec![None],
             Conn::Cluster(_) => {
                 let slots: std::collections::BTreeSet<u16> =
@@ -682,7 +713,7 @@ impl Inner {
             }
         };
         for route in routes {
-            let acked: Result<Value, _> = match (&self.conn, route) {
+            let acked: Result<Value, _> = match (conn, route) {
                 (Conn::Cluster(c), Some(slot)) => {
                     let target = redis::cluster_routing::Route::new(
                         slot,
@@ -695,7 +726,7 @@ impl Inner {
                         )
                         .await
                 }
-                _ => cmd.query_async(&mut self.conn()).await,
+                _ => cmd.query_async(&mut conn.clone()).await,
             };
             match acked.as_ref().ok().and_then(number) {
                 Some(n) if n >= u64::from(replicas) => {}
@@ -721,6 +752,7 @@ impl Inner {
     /// answered alone).
     async fn run_script(
         &self,
+        conn: &Conn,
         script: &Script,
         items: Vec<ScriptItem>,
         shared: impl Fn(&[usize], &mut Cmd),
@@ -730,7 +762,7 @@ impl Inner {
         let groups: Vec<Vec<usize>> = if items.len() == 1 {
             vec![vec![0]]
         } else {
-            let cluster = matches!(self.conn, Conn::Cluster(_));
+            let cluster = matches!(conn, Conn::Cluster(_));
             let mut groups: std::collections::BTreeMap<(u16, u64), Vec<usize>> = Default::default();
             for (i, item) in items.iter().enumerate() {
                 let slot = if cluster { slot(&item.key) } else { 0 };
@@ -760,7 +792,7 @@ impl Inner {
                 members.push(chunk);
             }
         }
-        let replies = self.pipelined(&cmds, &first_keys).await?;
+        let replies = self.pipelined(conn, &cmds, &first_keys).await?;
         let mut answers = vec![(Value::Nil, Value::Nil); items.len()];
         for (chunk, reply) in members.into_iter().zip(replies) {
             let mut per_item = match reply {
@@ -787,11 +819,12 @@ impl Inner {
     /// pipeline per hash slot, all at once. Answers in order.
     async fn pipelined(
         &self,
+        conn: &Conn,
         cmds: &[Cmd],
         keys: &[impl AsRef<[u8]>],
     ) -> Result<Vec<Value>, StoreError> {
-        if matches!(self.conn, Conn::Single(_)) || cmds.len() == 1 {
-            return self.pipeline(cmds.iter()).await;
+        if matches!(conn, Conn::Single(_)) || cmds.len() == 1 {
+            return self.pipeline(conn, cmds.iter()).await;
         }
         let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
         for (i, k) in keys.iter().enumerate() {
@@ -800,7 +833,7 @@ impl Inner {
         let groups = futures_util::future::try_join_all(
             by_slot
                 .values()
-                .map(|idx| self.pipeline(idx.iter().map(|&i| &cmds[i]))),
+                .map(|idx| self.pipeline(conn, idx.iter().map(|&i| &cmds[i]))),
         )
         .await?;
         let mut answers = vec![Value::Nil; cmds.len()];
@@ -816,10 +849,11 @@ impl Inner {
     /// if Redis does not know them (after a restart or flush).
     async fn pipeline<'c>(
         &self,
+        conn: &Conn,
         cmds: impl Iterator<Item = &'c Cmd>,
     ) -> Result<Vec<Value>, StoreError> {
         let cmds: Vec<&Cmd> = cmds.collect();
-        let mut conn = self.conn();
+        let mut conn = conn.clone();
         let no_script = |e: &redis::RedisError| {
             e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
         };
@@ -1185,7 +1219,7 @@ impl Store for RedisStore {
                 .iter()
                 .map(|k| redis::cmd("GET").arg(k).clone())
                 .collect();
-            let records = self.inner.pipelined(&cmds, &keys).await?;
+            let records = self.inner.pipelined(&self.inner.conn, &cmds, &keys).await?;
             for ((inner, _), v) in chunk.iter().zip(&records) {
                 // Gone (expired) between SCAN and GET: absent.
                 let Some(record) = parse_record(v)? else {

@@ -2,8 +2,10 @@
 //! records by itself, a released key keeps only a tombstone, and a Redis
 //! restart (which loses everything without
 //! persistence) leaves the store working, with records absent and tokens
-//! still increasing. Single calls made at the same time travel together and
-//! each caller still gets its own answer.
+//! still increasing; a cluster failover to a replica keeps completed and
+//! claimed records and the same store object carries on. Single calls made
+//! at the same time travel together and each caller still gets its own
+//! answer.
 
 use idem_testkit::cases::acquired;
 use std::process::Stdio;
@@ -89,10 +91,10 @@ struct OwnRedis {
 
 impl OwnRedis {
     async fn start(port: u16) -> Self {
-        Self::start_with(port, &[]).await
+        Self::start_with(port, &[] as &[&str]).await
     }
 
-    async fn start_with(port: u16, extra: &[&str]) -> Self {
+    async fn start_with(port: u16, extra: &[impl AsRef<std::ffi::OsStr>]) -> Self {
         // A replica writes the snapshot it receives into its directory:
         // keep that out of the source tree.
         let dir = std::env::temp_dir().join(format!("idem-redis-test-{port}"));
@@ -191,12 +193,8 @@ async fn release_leaves_a_tombstone_that_only_remembers_the_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restart_loses_records_but_not_the_store() {
-    if std::process::Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        return services::absent("redis-server", "PATH", "not installed").unwrap_or(());
+    if !services::program("redis-server") {
+        return;
     }
     let port = free_port();
     let mut redis = OwnRedis::start(port).await;
@@ -251,12 +249,8 @@ async fn a_redis_restart_loses_records_but_not_the_store() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_for_replicas_makes_a_completion_visible_on_the_replica() {
-    if std::process::Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        return services::absent("redis-server", "PATH", "not installed").unwrap_or(());
+    if !services::program("redis-server") {
+        return;
     }
     let (pp, rp) = (free_port(), free_port());
     let _primary = OwnRedis::start(pp).await;
@@ -313,20 +307,45 @@ async fn wait_for_replicas_makes_a_completion_visible_on_the_replica() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
     assert!(waits >= 20, "WAIT ran {waits} times for 20 completions");
-    // Asking for more replicas than exist: the completion stands, after the timeout.
+    // Asking for more replicas than exist: the completion stands, after
+    // the WAIT timeout, even one longer than the store's call timeout; and
+    // while it waits, the store's other calls go on.
     let greedy = RedisStore::builder(&primary_url)
-        .wait_for_replicas(2, Duration::from_millis(200))
+        .timeout(Duration::from_millis(500))
+        .wait_for_replicas(2, Duration::from_millis(1500))
         .connect()
         .await
         .unwrap();
     let k = key("wait-greedy");
     let c = acquired(greedy.begin(&k, None, Lease::from_secs(5)).await.unwrap());
-    assert_eq!(
+    let waiting = tokio::spawn({
+        let (greedy, k) = (greedy.clone(), k.clone());
+        async move {
+            let started = std::time::Instant::now();
+            let done = greedy
+                .complete(&k, c.token, None, Duration::from_secs(60))
+                .await;
+            (done, started.elapsed())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = std::time::Instant::now();
+    acquired(
         greedy
-            .complete(&k, c.token, None, Duration::from_secs(60))
+            .begin(&key("wait-meanwhile"), None, Lease::from_secs(5))
             .await
             .unwrap(),
-        Fenced::Ok(())
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(400),
+        "a begin waited {:?} behind a completion's WAIT",
+        started.elapsed()
+    );
+    let (done, took) = waiting.await.unwrap();
+    assert_eq!(done.unwrap(), Fenced::Ok(()));
+    assert!(
+        took >= Duration::from_millis(1400),
+        "WAIT ran its course: {took:?}"
     );
     assert!(matches!(
         greedy.get(&k).await.unwrap(),
@@ -396,4 +415,185 @@ async fn concurrent_single_calls_are_batched_and_answered_each_their_own() {
         after - before,
         3 * tasks
     );
+}
+
+/// `redis-cli -p PORT ARGS…`: its answer.
+async fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .await
+        .expect("redis-cli runs");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Polls `check` every 50 ms for up to 10 s.
+async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    for _ in 0..200 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_failover_keeps_records_and_the_store_carries_on() {
+    if !services::program("redis-server") {
+        return;
+    }
+    // A master serving every slot and its replica, each with a bus port of
+    // its own choosing (and a directory of its own for nodes.conf).
+    let (a, b, a_bus) = (free_port(), free_port(), free_port());
+    let node = |bus: u16| {
+        let bus = bus.to_string();
+        [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-node-timeout",
+            "1000",
+            "--cluster-port",
+            &bus,
+        ]
+        .map(str::to_owned)
+    };
+    let mut master = OwnRedis::start_with(a, &node(a_bus)).await;
+    let _replica = OwnRedis::start_with(b, &node(free_port())).await;
+    cli(a, &["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]).await;
+    let master_id = cli(a, &["CLUSTER", "MYID"]).await;
+    let (a_port, a_bus) = (a.to_string(), a_bus.to_string());
+    cli(b, &["CLUSTER", "MEET", "127.0.0.1", &a_port, &a_bus]).await;
+    until("the replica knows the master", async || {
+        cli(b, &["CLUSTER", "NODES"]).await.contains(&master_id)
+    })
+    .await;
+    cli(b, &["CLUSTER", "REPLICATE", &master_id]).await;
+    until("the replica is in sync", async || {
+        cli(a, &["INFO", "replication"])
+            .await
+            .contains("state=online")
+            && cli(b, &["CLUSTER", "INFO"])
+                .await
+                .contains("cluster_state:ok")
+    })
+    .await;
+
+    let nodes = [
+        format!("redis://127.0.0.1:{a}"),
+        format!("redis://127.0.0.1:{b}"),
+    ];
+    let seeds: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    let store = RedisStore::cluster_builder(&seeds)
+        .timeout(Duration::from_millis(500))
+        // Every completion is on the replica before it is acknowledged.
+        .wait_for_replicas(1, Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let done: Vec<Key> = (0..20)
+        .map(|i| key(&format!("failover-done-{i}")))
+        .collect();
+    let mut last = 0;
+    for k in &done {
+        let c = acquired(store.begin(k, None, Lease::from_secs(60)).await.unwrap());
+        let ok = store
+            .complete(k, c.token, Some("kept".into()), Duration::from_secs(600))
+            .await
+            .unwrap();
+        assert_eq!(ok, Fenced::Ok(()));
+        last = last.max(c.token.get());
+    }
+    let held = key("failover-held");
+    let claim = acquired(
+        store
+            .begin(&held, None, Lease::from_secs(60))
+            .await
+            .unwrap(),
+    );
+    // A claim is not waited for: let replication catch up with it.
+    until("the claim reached the replica", async || {
+        let rec = format!(
+            "idem:{{redis-behaviour:{}}}:r",
+            String::from_utf8_lossy(held.bytes())
+        );
+        // A cluster replica answers reads once told READONLY, on the same
+        // connection.
+        let mut c = redis::Client::open(format!("redis://127.0.0.1:{b}"))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let (_, n): ((), u32) = redis::pipe()
+            .cmd("READONLY")
+            .cmd("EXISTS")
+            .arg(&rec)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        n == 1
+    })
+    .await;
+
+    master.stop().await;
+    cli(b, &["CLUSTER", "FAILOVER", "TAKEOVER"]).await;
+    until("the replica took over", async || {
+        cli(b, &["ROLE"]).await.starts_with("master")
+    })
+    .await;
+
+    // The same store object finds the new master (errors meanwhile are
+    // Unavailable, to retry), and every record came along.
+    let mut replay = None;
+    for _ in 0..100 {
+        match store.begin(&done[0], None, Lease::from_secs(60)).await {
+            Ok(b) => {
+                replay = Some(b);
+                break;
+            }
+            Err(StoreError::Unavailable(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(e) => panic!("a failover is an error to retry, not {e}"),
+        }
+    }
+    for (i, k) in done.iter().enumerate() {
+        let b = match (i, replay.take()) {
+            (0, Some(b)) => b,
+            (0, None) => panic!("the store did not find the new master"),
+            _ => store.begin(k, None, Lease::from_secs(60)).await.unwrap(),
+        };
+        match b {
+            Begin::Completed { outcome, .. } => {
+                assert_eq!(outcome.as_deref(), Some(&b"kept"[..]), "{k:?}")
+            }
+            other => panic!("{k:?} lost its completion in the failover: {other:?}"),
+        }
+    }
+    assert!(
+        matches!(
+            store
+                .begin(&held, None, Lease::from_secs(60))
+                .await
+                .unwrap(),
+            Begin::InProgress { .. }
+        ),
+        "the claim survived the failover"
+    );
+    let ok = store
+        .complete(
+            &held,
+            claim.token,
+            Some("late".into()),
+            Duration::from_secs(600),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ok, Fenced::Ok(()), "its holder can still complete it");
+    let fresh = acquired(
+        store
+            .begin(&key("failover-fresh"), None, Lease::from_secs(60))
+            .await
+            .unwrap(),
+    );
+    assert!(fresh.token.get() > last, "tokens keep increasing");
 }

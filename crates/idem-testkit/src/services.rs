@@ -36,3 +36,14 @@ pub fn absent<T>(service: &str, url: &str, why: impl Display) -> Option<T> {
     eprintln!("skipping: {service} at {url} cannot be used ({why}); start it or set the URL");
     None
 }
+
+/// Whether the program `name` (a server a test starts itself, such as
+/// `redis-server`) runs here; when not, reports it as
+/// [`absent`] and returns `false`.
+pub fn program(name: &str) -> bool {
+    std::process::Command::new(name)
+        .arg("--version")
+        .output()
+        .is_ok()
+        || absent::<()>(name, "PATH", "not installed").is_some()
+}

@@ -35,12 +35,8 @@ impl TlsRedis {
     /// Starts a standalone Redis, or with `cluster` a one-node cluster;
     /// `None` (after saying why) when Redis is not installed.
     pub async fn start(cluster: bool) -> Option<Self> {
-        if std::process::Command::new("redis-server")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            return services::absent("redis-server", "PATH", "not installed");
+        if !services::program("redis-server") {
+            return None;
         }
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("idem-redis-tls-{port}"));
