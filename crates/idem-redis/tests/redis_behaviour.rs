@@ -7,7 +7,7 @@
 //! at the same time travel together and each caller still gets its own
 //! answer.
 
-use idem_testkit::cases::acquired;
+use idem_testkit::cases::{acquired, deliver};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -205,17 +205,7 @@ async fn a_redis_restart_loses_records_but_not_the_store() {
         .await
         .unwrap();
     let k = key("restart");
-    let before = acquired(store.begin(&k, None, Lease::from_secs(60)).await.unwrap());
-    let done = store
-        .complete(
-            &k,
-            before.token,
-            Some("done".into()),
-            Duration::from_secs(60),
-        )
-        .await
-        .unwrap();
-    assert_eq!(done, Fenced::Ok(()));
+    let before = deliver(&store, &k, "done").await;
 
     redis.stop().await;
     let down = store.begin(&k, None, Lease::from_secs(60)).await;
@@ -242,7 +232,7 @@ async fn a_redis_restart_loses_records_but_not_the_store() {
     };
     assert_eq!(after.attempt, 1);
     assert!(
-        after.token > before.token,
+        after.token > before,
         "tokens keep increasing across a Redis that lost its data"
     );
 }
@@ -497,13 +487,7 @@ async fn a_cluster_failover_keeps_records_and_the_store_carries_on() {
         .collect();
     let mut last = 0;
     for k in &done {
-        let c = acquired(store.begin(k, None, Lease::from_secs(60)).await.unwrap());
-        let ok = store
-            .complete(k, c.token, Some("kept".into()), Duration::from_secs(600))
-            .await
-            .unwrap();
-        assert_eq!(ok, Fenced::Ok(()));
-        last = last.max(c.token.get());
+        last = last.max(deliver(&store, k, "kept").await.get());
     }
     let held = key("failover-held");
     let claim = acquired(

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use idem_core::{Begin, Key, Lease, ScanQuery, Store};
 use idem_redis::{RedisStore, RedisStoreBuilder};
-use idem_testkit::cases::acquired;
+use idem_testkit::cases::deliver;
 use idem_testkit::tls_redis::TlsRedis;
 
 /// `builder` trusting the test's CA and presenting its client certificate.
@@ -33,17 +33,7 @@ async fn works_over_tls(cluster: bool) {
     };
     let store = trusted(&redis, builder).connect().await.unwrap();
     let key = Key::new("tls", format!("k-{}", std::process::id())).unwrap();
-    let claim = acquired(store.begin(&key, None, Lease::from_secs(30)).await.unwrap());
-    let done = store
-        .complete(
-            &key,
-            claim.token,
-            Some("sent".into()),
-            Duration::from_secs(60),
-        )
-        .await
-        .unwrap();
-    assert!(!done.is_stale());
+    deliver(&store, &key, "sent").await;
     match store.begin(&key, None, Lease::from_secs(30)).await.unwrap() {
         Begin::Completed { outcome, .. } => assert_eq!(outcome.as_deref(), Some(&b"sent"[..])),
         other => panic!("a repeat replays the outcome, got {other:?}"),

@@ -20,6 +20,24 @@ pub fn acquired(begin: Begin) -> Claim {
     }
 }
 
+/// One whole delivery of a key not seen before: claims it (60 s lease),
+/// completes it with `outcome` (kept 10 minutes) and returns the token,
+/// failing the test if either step does not succeed.
+pub async fn deliver<S: Store>(store: &S, key: &Key, outcome: &'static str) -> FencingToken {
+    let claim = acquired(store.begin(key, None, Lease::from_secs(60)).await.unwrap());
+    let done = store
+        .complete(
+            key,
+            claim.token,
+            Some(Bytes::from_static(outcome.as_bytes())),
+            Duration::from_secs(600),
+        )
+        .await
+        .unwrap();
+    assert_eq!(done, Fenced::Ok(()), "a fresh claim's holder completes it");
+    claim.token
+}
+
 fn lease<S: Store + Clone>(s: &Subject<S>, steps: u32) -> Lease {
     Lease::new(s.steps(steps))
 }
