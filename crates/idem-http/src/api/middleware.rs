@@ -1,0 +1,53 @@
+//! What runs around the handlers: authorization of `/v1/*`, and request
+//! metrics for every route.
+
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http::header;
+
+use super::Shared;
+use super::extract::{BodyLimit, Ns};
+use super::metrics;
+
+/// Refuses a `/v1/{ns}/*` request whose bearer token may not use `{ns}`.
+pub(super) async fn authorize(
+    State(state): Shared,
+    Ns(ns): Ns,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    if let Err(p) = state
+        .auth
+        .check(req.headers().get(header::AUTHORIZATION), &ns)
+    {
+        metrics::operation(
+            &ns,
+            "auth",
+            if p.status == 401 {
+                "unauthorized"
+            } else {
+                "forbidden"
+            },
+        );
+        return p.into_response();
+    }
+    req.extensions_mut()
+        .insert(BodyLimit(state.config.max_body_bytes));
+    next.run(req).await
+}
+
+/// Counts requests and times them by route.
+pub(super) async fn observe(req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_owned();
+    let start = Instant::now();
+    let response = next.run(req).await;
+    metrics::request(route, response.status(), start.elapsed());
+    response
+}
