@@ -37,6 +37,7 @@ async fn a_failed_store_is_a_503_with_retry_after() {
     });
     let begin = || {
         Request::post("/v1/orders/begin")
+            .header("content-type", "application/json")
             .body(Body::from(r#"{"key":"k"}"#))
             .unwrap()
     };

@@ -30,7 +30,13 @@ async fn bad_input_is_answered_with_the_right_status_and_a_problem() {
     let held = post(&begin, json!({"key": "held"})).await.json();
     let token = held["token"].as_u64().unwrap();
 
-    let malformed = send(Method::POST, &begin, &[], "{\"key\":").await;
+    let malformed = send(
+        Method::POST,
+        &begin,
+        &[("content-type", "application/json")],
+        "{\"key\":",
+    )
+    .await;
     assert_eq!(malformed.problem(400), "urn:idem:problem:malformed-request");
     let missing_key = post(&begin, json!({"lease_ms": 10})).await;
     assert!(
@@ -143,4 +149,77 @@ async fn bad_input_is_answered_with_the_right_status_and_a_problem() {
     )
     .await;
     assert_eq!(ok.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_not_declared_as_json_is_refused_with_415_and_changes_nothing() {
+    let idem = start(&["serve", "--store", "memory://"], &[]).await;
+    let held = post(&idem.url("/v1/ns/begin"), json!({"key": "held"}))
+        .await
+        .json();
+    let token = held["token"].as_u64().unwrap();
+    let complete = json!({"key": "held", "token": token, "outcome": "done"}).to_string();
+    // What a web page can send to a local server without a CORS preflight.
+    for declared in [
+        Some("text/plain"),
+        Some("text/plain; charset=utf-8"),
+        Some("application/x-www-form-urlencoded"),
+        Some("multipart/form-data; boundary=x"),
+        None,
+    ] {
+        let headers: Vec<_> = declared.iter().map(|t| ("content-type", *t)).collect();
+        let refused = send(
+            Method::POST,
+            &idem.url("/v1/ns/complete"),
+            &headers,
+            complete.clone(),
+        )
+        .await;
+        assert_eq!(
+            refused.problem(415),
+            "urn:idem:problem:unsupported-media-type",
+            "{declared:?}"
+        );
+        let detail = refused.json()["detail"].as_str().unwrap().to_owned();
+        assert!(
+            detail.contains("Content-Type: application/json"),
+            "the answer says which header to send: {detail}"
+        );
+        let begin = send(
+            Method::POST,
+            &idem.url("/v1/ns/begin"),
+            &headers,
+            r#"{"key":"new"}"#,
+        )
+        .await;
+        assert_eq!(begin.status, 415, "{declared:?}");
+    }
+    let record = support::get(&idem.url("/v1/ns/record?key=held"))
+        .await
+        .json();
+    assert_eq!(
+        record["state"], "in_progress",
+        "a refused complete changed the record"
+    );
+    assert_eq!(record["token"], token);
+    let never = support::get(&idem.url("/v1/ns/record?key=new")).await;
+    assert_eq!(never.status, 404, "a refused begin wrote a record");
+
+    // JSON declared with parameters, or as a `+json` type, is JSON.
+    let charset = send(
+        Method::POST,
+        &idem.url("/v1/ns/begin"),
+        &[("content-type", "application/json; charset=utf-8")],
+        r#"{"key":"new"}"#,
+    )
+    .await;
+    assert_eq!(charset.json()["status"], "acquired");
+    let suffix = send(
+        Method::POST,
+        &idem.url("/v1/ns/complete"),
+        &[("content-type", "application/vnd.idem+json")],
+        complete,
+    )
+    .await;
+    assert_eq!(suffix.json(), json!({"status": "completed"}));
 }

@@ -37,6 +37,9 @@ pub(super) enum V1Problems {
     /// The body or the outcome is over its limit.
     #[response(status = 413, content_type = "application/problem+json")]
     TooLarge(Problem),
+    /// The body is not declared as JSON: send `Content-Type: application/json`.
+    #[response(status = 415, content_type = "application/problem+json")]
+    NotJson(Problem),
     /// The store failed; retry after `Retry-After`.
     #[response(status = 503, content_type = "application/problem+json")]
     Unavailable(Problem),
@@ -61,6 +64,9 @@ pub(super) enum FencedProblems {
     /// The body or the outcome is over its limit.
     #[response(status = 413, content_type = "application/problem+json")]
     TooLarge(Problem),
+    /// The body is not declared as JSON: send `Content-Type: application/json`.
+    #[response(status = 415, content_type = "application/problem+json")]
+    NotJson(Problem),
     /// The store failed; retry after `Retry-After`.
     #[response(status = 503, content_type = "application/problem+json")]
     Unavailable(Problem),

@@ -3,8 +3,8 @@
 
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use bytes::Bytes;
-use http::StatusCode;
 use http::request::Parts;
+use http::{HeaderValue, StatusCode, header};
 use idem_core::Namespace;
 use serde::de::DeserializeOwned;
 
@@ -25,12 +25,21 @@ impl<S: Send + Sync> FromRequestParts<S> for Ns {
     }
 }
 
-/// A request body read as JSON into `T`, whatever its `Content-Type`.
+/// A request body declared as JSON (`application/json` or any `+json`
+/// type), read into `T`.
 pub(super) struct Payload<T>(pub T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Payload<T> {
     type Rejection = Problem;
     async fn from_request(req: Request, state: &S) -> Result<Self, Problem> {
+        // Refused before the body is read: a web page may post `text/plain`
+        // to a local server without asking, but not `application/json`.
+        let declared = req.headers().get(header::CONTENT_TYPE);
+        if !declared.is_some_and(is_json) {
+            return Err(Problem::not_json(
+                declared.map(|t| t.to_str().unwrap_or("(not text)")),
+            ));
+        }
         let limit = match req.extensions().get::<BodyLimit>() {
             Some(BodyLimit(l)) => *l,
             None => usize::MAX,
@@ -48,6 +57,56 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Payload<T> {
     }
 }
 
+/// `application/json` or `type/subtype+json`, any case, with or without
+/// parameters such as `charset`.
+fn is_json(content_type: &HeaderValue) -> bool {
+    let Ok(t) = content_type.to_str() else {
+        return false;
+    };
+    let essence = t.split(';').next().unwrap_or_default().trim();
+    let Some((kind, subtype)) = essence.split_once('/') else {
+        return false;
+    };
+    let json = |s: &str| s.eq_ignore_ascii_case("json");
+    let suffix = subtype
+        .rsplit_once('+')
+        .is_some_and(|(name, suffix)| !name.is_empty() && json(suffix));
+    !kind.is_empty() && (kind.eq_ignore_ascii_case("application") && json(subtype) || suffix)
+}
+
 /// The body limit, for the problem that names it.
 #[derive(Clone, Copy)]
 pub(super) struct BodyLimit(pub usize);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_is_application_json_or_a_json_suffix_with_any_parameters() {
+        for declared in [
+            "application/json",
+            "Application/JSON",
+            "application/json; charset=utf-8",
+            "application/json;charset=UTF-8",
+            "application/merge-patch+json",
+            "application/vnd.api+json; ext=x",
+        ] {
+            assert!(is_json(&HeaderValue::from_static(declared)), "{declared}");
+        }
+        for declared in [
+            "text/plain",
+            "text/plain; charset=json",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+            "application/jsonx",
+            "application/json-seq",
+            "json",
+            "/json",
+            "application/+json",
+            "",
+        ] {
+            assert!(!is_json(&HeaderValue::from_static(declared)), "{declared}");
+        }
+    }
+}

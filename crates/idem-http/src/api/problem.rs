@@ -94,6 +94,23 @@ impl Problem {
         )
     }
 
+    /// 415: the body is not declared as JSON; `declared` is its
+    /// `Content-Type`, if any.
+    pub fn not_json(declared: Option<&str>) -> Self {
+        let found = match declared {
+            Some(t) => format!("the body is declared as {t:?}"),
+            None => "the body has no Content-Type".to_owned(),
+        };
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported-media-type",
+            "Unsupported media type",
+            format!(
+                "{found}; send it as JSON with `Content-Type: application/json` (curl: --json)"
+            ),
+        )
+    }
+
     /// 409: the token does not own the key.
     pub fn stale(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::CONFLICT, "stale-token", "Stale token", detail)
