@@ -4,23 +4,15 @@
 
 mod support;
 
-use idem_testkit::services;
 use idem_testkit::tls_redis::TlsRedis;
 use serde_json::json;
 use support::{post, start};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_on_redis_keeps_records_across_server_restarts() {
-    let url = services::url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
-    let addr = url
-        .trim_start_matches("redis://")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_owned();
-    if let Err(e) = tokio::net::TcpStream::connect(&addr).await {
-        return services::absent("Redis", &url, e).unwrap_or(());
-    }
+    let Some(url) = support::redis().await else {
+        return;
+    };
     let key = format!("r-{}", std::process::id());
     let idem = start(&["serve", "--store", &url], &[]).await;
     let b = post(&idem.url("/v1/redis-test/begin"), json!({"key": key}))

@@ -11,6 +11,7 @@ use idem_core::{
     Begin, BeginItem, CompleteItem, Fenced, FencingToken, Fingerprint, Key, Lease, Namespace,
     Record, Store,
 };
+use serde_json::value::RawValue;
 use utoipa::OpenApi;
 
 use super::doc::{FencedProblems, LookupProblems, NsParam, V1Problems};
@@ -30,14 +31,20 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn outcome_json(bytes: Option<&[u8]>) -> serde_json::Value {
-    match bytes {
-        None => serde_json::Value::Null,
+/// A stored outcome as the JSON to answer with: the text stored, as it is.
+fn outcome_json(bytes: Option<&[u8]>) -> Box<RawValue> {
+    let Some(b) = bytes else {
+        return RawValue::NULL.to_owned();
+    };
+    std::str::from_utf8(b)
+        .ok()
+        .and_then(|text| RawValue::from_string(text.to_owned()).ok())
         // Outcomes stored through the service are JSON; anything else
         // (stored by a library user) comes back as a string.
-        Some(b) => serde_json::from_slice(b)
-            .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(b).into_owned())),
-    }
+        .unwrap_or_else(|| {
+            serde_json::value::to_raw_value(&String::from_utf8_lossy(b))
+                .expect("a string serializes")
+        })
 }
 
 fn begin_answer(ns: &Namespace, b: Begin) -> BeginAnswer {
@@ -112,7 +119,7 @@ fn complete_item(
 ) -> Result<CompleteItem, Problem> {
     let outcome = r
         .outcome
-        .map(|v| Bytes::from(serde_json::to_vec(&v).expect("a JSON value serializes")));
+        .map(|raw| Bytes::from(String::from(Box::<str>::from(raw))));
     Ok(CompleteItem {
         key: key(ns, r.key)?,
         token: FencingToken::new(r.token),

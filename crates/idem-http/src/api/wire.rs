@@ -2,6 +2,7 @@
 //! the Unix epoch on the store's clock; durations are milliseconds.
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
 /// `POST /v1/{ns}/begin`, and one item of `begin-batch`.
@@ -42,8 +43,10 @@ pub enum BeginAnswer {
     },
     /// Done before: here is the stored outcome. Do not do it again.
     Completed {
-        /// The outcome given to `complete` (`null` when none was).
-        outcome: serde_json::Value,
+        /// The outcome given to `complete`, exactly as it was sent (`null`
+        /// when none was).
+        #[schema(value_type = serde_json::Value)]
+        outcome: Box<RawValue>,
         /// When it was completed.
         completed_at_ms: u64,
     },
@@ -61,9 +64,12 @@ pub struct CompleteRequest {
     /// The token `begin` returned.
     #[serde(deserialize_with = "integral::exact")]
     pub token: u64,
-    /// Any JSON value, returned to every duplicate (1 MiB at most, as JSON).
+    /// Any JSON value, returned to every duplicate exactly as sent: the
+    /// same text, key order, spacing and number digits (1 MiB at most,
+    /// counted on that text).
     #[serde(default)]
-    pub outcome: Option<serde_json::Value>,
+    #[schema(value_type = Option<serde_json::Value>)]
+    pub outcome: Option<Box<RawValue>>,
     /// How long to remember the completion; the server's default (24 h)
     /// when absent.
     #[serde(default, deserialize_with = "integral::optional")]
@@ -190,8 +196,9 @@ pub enum RecordAnswer {
         token: u64,
         /// The stored fingerprint digest (hex), if one was given.
         fingerprint: Option<String>,
-        /// The stored outcome.
-        outcome: serde_json::Value,
+        /// The stored outcome, exactly as it was sent.
+        #[schema(value_type = serde_json::Value)]
+        outcome: Box<RawValue>,
         /// When it was completed.
         completed_at_ms: u64,
         /// When it will be forgotten.

@@ -172,3 +172,19 @@ pub async fn post_auth(url: &str, token: &str, json: serde_json::Value) -> Answe
 pub async fn get(url: &str) -> Answer {
     send(Method::GET, url, &[], Bytes::new()).await
 }
+
+/// The Redis URL tests use, if Redis answers there; `None` (after saying
+/// why) when it does not and no test requires it.
+pub async fn redis() -> Option<String> {
+    let url = idem_testkit::services::url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let addr = url
+        .trim_start_matches("redis://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    match tokio::net::TcpStream::connect(&addr).await {
+        Ok(_) => Some(url),
+        Err(e) => idem_testkit::services::absent("Redis", &url, e),
+    }
+}
