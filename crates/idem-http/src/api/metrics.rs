@@ -20,6 +20,13 @@ pub(super) fn request(route: String, status: StatusCode, took: Duration) {
     .increment(1);
 }
 
+/// A `/v1` request refused before its namespace could be trusted (a
+/// malformed namespace, no token, or a token not allowed it). The namespace
+/// is left out, so made-up names cannot add series.
+pub(super) fn refused(reason: &'static str) {
+    metrics::counter!("idem_refused_requests_total", "reason" => reason).increment(1);
+}
+
 /// One store operation on `ns` and its result.
 pub(super) fn operation(ns: &Namespace, operation: &'static str, result: &'static str) {
     metrics::counter!(
