@@ -34,6 +34,7 @@ async fn a_failed_store_is_a_503_with_retry_after() {
         config: ApiConfig::default(),
         auth: Auth::default(),
         metrics: None,
+        detached: Default::default(),
     });
     let begin = || {
         Request::post("/v1/orders/begin")

@@ -1,7 +1,7 @@
 //! `idem serve`.
 
 use clap::Args;
-use idem_http::api::{ApiConfig, ApiState, router};
+use idem_http::api::{ApiConfig, ApiState, Detached, router};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
 use crate::config::{CommonArgs, read_file, resolve_common};
@@ -17,6 +17,15 @@ pub struct ServeArgs {
     pub common: CommonArgs,
 }
 
+/// Serves the API until SIGINT or SIGTERM, then lets in-flight requests and
+/// every store operation under way finish (also those whose client left)
+/// before it closes the store.
+///
+/// # Cancel safety
+///
+/// Not meant to be cancelled: it returns on a signal. Dropped early, store
+/// operations under way still finish on their own tasks while the runtime
+/// lives, but the store is not flushed and closed.
 pub async fn run(args: ServeArgs) -> Result<(), Failure> {
     let file = read_file(args.common.config.as_deref())?;
     let common = resolve_common(args.common, args.listen, "127.0.0.1:7700", &file)?;
@@ -33,6 +42,7 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
         .install_recorder()
         .map_err(|e| Failure::Run(format!("metrics: {e}")))?;
     tracing::info!(store = %store.description, auth = common.auth.is_on(), "starting idem serve");
+    let detached = Detached::default();
     let app = router(ApiState {
         store: store.store.clone(),
         config: ApiConfig {
@@ -42,8 +52,10 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
         },
         auth: common.auth.clone(),
         metrics: Some(metrics),
+        detached: detached.clone(),
     });
     let served = serve_until_signal(app, &common, "serve").await;
+    detached.finished().await;
     store.close();
     tracing::info!("stopped");
     served

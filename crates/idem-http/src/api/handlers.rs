@@ -164,10 +164,10 @@ pub(super) async fn begin(
 ) -> Result<Json<BeginAnswer>, Problem> {
     let item = begin_item(&ns, r, &state.config)?;
     let b = state
-        .store
-        .begin(&item.key, item.fingerprint, item.lease)
-        .await
-        .map_err(Problem::store)?;
+        .on_store(
+            move |store| async move { store.begin(&item.key, item.fingerprint, item.lease).await },
+        )
+        .await?;
     Ok(Json(begin_answer(&ns, b)))
 }
 
@@ -186,10 +186,12 @@ pub(super) async fn complete(
 ) -> Result<Json<CompleteAnswer>, Problem> {
     let item = complete_item(&ns, r, &state.config)?;
     let f = state
-        .store
-        .complete(&item.key, item.token, item.outcome, item.retention)
-        .await
-        .map_err(Problem::store)?;
+        .on_store(move |store| async move {
+            store
+                .complete(&item.key, item.token, item.outcome, item.retention)
+                .await
+        })
+        .await?;
     fenced(&ns, "complete", f)?;
     Ok(Json(CompleteAnswer {
         status: "completed",
@@ -211,10 +213,8 @@ pub(super) async fn release(
 ) -> Result<Json<ReleaseAnswer>, Problem> {
     let k = key(&ns, r.key)?;
     let f = state
-        .store
-        .release(&k, FencingToken::new(r.token))
-        .await
-        .map_err(Problem::store)?;
+        .on_store(move |store| async move { store.release(&k, FencingToken::new(r.token)).await })
+        .await?;
     fenced(&ns, "release", f)?;
     Ok(Json(ReleaseAnswer { status: "released" }))
 }
@@ -233,15 +233,12 @@ pub(super) async fn extend(
     Payload(r): Payload<ExtendRequest>,
 ) -> Result<Json<ExtendAnswer>, Problem> {
     let k = key(&ns, r.key)?;
+    let lease = lease(r.lease_ms, &state.config);
     let f = state
-        .store
-        .extend(
-            &k,
-            FencingToken::new(r.token),
-            lease(r.lease_ms, &state.config),
+        .on_store(
+            move |store| async move { store.extend(&k, FencingToken::new(r.token), lease).await },
         )
-        .await
-        .map_err(Problem::store)?;
+        .await?;
     let until = fenced(&ns, "extend", f)?;
     Ok(Json(ExtendAnswer {
         status: "extended",
@@ -264,10 +261,8 @@ pub(super) async fn begin_batch(
 ) -> Result<Json<BeginBatchAnswer>, Problem> {
     let items = batch_items(&ns, r.items, &state.config, begin_item)?;
     let answers = state
-        .store
-        .begin_many(&items)
-        .await
-        .map_err(Problem::store)?;
+        .on_store(move |store| async move { store.begin_many(&items).await })
+        .await?;
     Ok(Json(BeginBatchAnswer {
         results: answers.into_iter().map(|b| begin_answer(&ns, b)).collect(),
     }))
@@ -288,10 +283,8 @@ pub(super) async fn complete_batch(
 ) -> Result<Json<CompleteBatchAnswer>, Problem> {
     let items = batch_items(&ns, r.items, &state.config, complete_item)?;
     let answers = state
-        .store
-        .complete_many(&items)
-        .await
-        .map_err(Problem::store)?;
+        .on_store(move |store| async move { store.complete_many(&items).await })
+        .await?;
     let results = answers
         .into_iter()
         .map(|f| match f {
@@ -324,10 +317,13 @@ pub(super) async fn record(
     let Query(q) =
         query.map_err(|e| Problem::malformed(format!("{}; pass ?key=K", e.body_text())))?;
     let k = key(&ns, q.key)?;
-    let found = state.store.get(&k).await.map_err(Problem::store)?;
+    let shown = k.to_string();
+    let found = state
+        .on_store(move |store| async move { store.get(&k).await })
+        .await?;
     let hex = |f: Option<Fingerprint>| f.map(Fingerprint::to_hex);
     match found {
-        None => Err(Problem::not_found(format!("no record for key {k}"))),
+        None => Err(Problem::not_found(format!("no record for key {shown}"))),
         Some(Record::InProgress(r)) => Ok(Json(RecordAnswer::InProgress {
             token: r.token.get(),
             fingerprint: hex(r.fingerprint),
@@ -358,7 +354,9 @@ pub(super) async fn healthz() -> Json<Health> {
 ))]
 pub(super) async fn readyz(State(state): Shared) -> Result<Json<Health>, Problem> {
     let probe = Key::new("idem.readyz", "probe").expect("a valid key");
-    state.store.get(&probe).await.map_err(Problem::store)?;
+    state
+        .on_store(move |store| async move { store.get(&probe).await })
+        .await?;
     Ok(Json(Health { status: "ok" }))
 }
 

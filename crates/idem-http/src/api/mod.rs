@@ -5,10 +5,12 @@
 //! - `extract`: the checked namespace and the JSON body;
 //! - `middleware`: authorization and request metrics;
 //! - `handlers`: the operations, health and the API document;
+//! - `detached`: store operations that outlive a client who leaves;
 //! - `metrics`: what the service counts, and `/metrics`;
 //! - `doc`: the OpenAPI document.
 
 mod auth;
+mod detached;
 mod doc;
 mod extract;
 mod handlers;
@@ -18,14 +20,16 @@ mod problem;
 mod router;
 pub mod wire;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use idem_core::SharedStore;
+use idem_core::{SharedStore, StoreError};
 use metrics_exporter_prometheus::PrometheusHandle;
 
 pub use self::auth::{Auth, Grant, Namespaces};
+pub use self::detached::Detached;
 pub use self::doc::ApiDoc;
 pub use self::problem::Problem;
 pub use self::router::router;
@@ -62,6 +66,23 @@ pub struct ApiState {
     pub auth: Auth,
     /// Renders `/metrics`; `None` answers 404 there.
     pub metrics: Option<PrometheusHandle>,
+    /// The store operations under way; wait for them before closing the
+    /// store.
+    pub detached: Detached,
+}
+
+impl ApiState {
+    /// Runs `operation` on the store, detached from the request, so that a
+    /// client who leaves cannot cut it short.
+    async fn on_store<T: Send + 'static, F>(
+        &self,
+        operation: impl FnOnce(SharedStore) -> F,
+    ) -> Result<T, Problem>
+    where
+        F: Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        self.detached.run(operation(self.store.clone())).await
+    }
 }
 
 type Shared = State<Arc<ApiState>>;

@@ -1,0 +1,118 @@
+//! Store operations run detached from the client's connection.
+//!
+//! A client that times out or disconnects drops its request's future; a
+//! store operation polled inside it would stop wherever it was. So each
+//! operation runs on a task of its own and the handler awaits its result:
+//! the operation finishes whether or not anyone is left to answer.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use idem_core::StoreError;
+use tokio::sync::watch;
+
+use super::Problem;
+
+/// The store operations the service has started, each on its own task.
+///
+/// Clones share the set. A server waits for [`finished`](Self::finished)
+/// before it closes the store, so an operation whose client left is not cut
+/// short at shutdown either.
+#[derive(Clone, Debug)]
+pub struct Detached {
+    /// How many are running.
+    running: Arc<watch::Sender<usize>>,
+}
+
+impl Default for Detached {
+    fn default() -> Self {
+        Self {
+            running: Arc::new(watch::Sender::new(0)),
+        }
+    }
+}
+
+/// Counts one operation from its start until its task ends, also by a panic.
+struct Running(Arc<watch::Sender<usize>>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
+}
+
+impl Detached {
+    /// Runs `operation` to its end on a task of its own, whatever becomes of
+    /// the caller, and returns its result as an answer.
+    pub(super) async fn run<T: Send + 'static>(
+        &self,
+        operation: impl Future<Output = Result<T, StoreError>> + Send + 'static,
+    ) -> Result<T, Problem> {
+        self.running.send_modify(|n| *n += 1);
+        let running = Running(self.running.clone());
+        let task = tokio::spawn(async move {
+            let _running = running;
+            operation.await
+        });
+        match task.await {
+            Ok(result) => result.map_err(Problem::store),
+            // A panic in a store is a bug: let it take the request down as it
+            // would have without the task.
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Only a runtime shutting down cancels the task.
+            Err(_) => Err(Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                "Store unavailable",
+                "the server is shutting down; retry",
+            )
+            .retry_after(Duration::from_secs(1))),
+        }
+    }
+
+    /// Completes when no operation is running.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future stops only the waiting; the
+    /// operations run on.
+    pub async fn finished(&self) {
+        let mut running = self.running.subscribe();
+        // The sender lives in `self`, so the wait cannot fail.
+        let _ = running.wait_for(|n| *n == 0).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_dropped_caller_does_not_cut_its_operation_short_and_finished_waits_for_it() {
+        let detached = Detached::default();
+        let done = Arc::new(AtomicBool::new(false));
+        let operation = {
+            let done = done.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                done.store(true, Ordering::SeqCst);
+                Ok::<_, StoreError>(())
+            }
+        };
+        // The caller gives up after its first poll, as a request does when
+        // its client disconnects.
+        let caller = detached.run(operation);
+        let gave_up = tokio::time::timeout(Duration::from_millis(1), caller).await;
+        assert!(gave_up.is_err(), "the operation takes longer than that");
+        assert!(!done.load(Ordering::SeqCst));
+        tokio::time::timeout(Duration::from_secs(5), detached.finished())
+            .await
+            .expect("finished once the operation has");
+        assert!(done.load(Ordering::SeqCst), "the operation was cut short");
+        assert_eq!(*detached.running.borrow(), 0);
+    }
+}
