@@ -19,6 +19,8 @@
 pub mod cases;
 pub mod faults;
 pub mod model;
+#[cfg(feature = "fuse")]
+pub mod power_loss;
 pub mod services;
 pub mod tls_redis;
 
