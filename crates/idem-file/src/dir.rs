@@ -13,15 +13,18 @@ pub fn create_durably(path: &Path) -> io::Result<()> {
     while !dir.exists() {
         missing.push(dir);
         match dir.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => dir = parent,
-            _ => break,
+            Some(parent) => dir = parent,
+            None => break,
         }
     }
     std::fs::create_dir_all(path)?;
     for made in missing {
-        if let Some(parent) = made.parent().filter(|p| !p.as_os_str().is_empty()) {
-            File::open(parent)?.sync_all()?;
-        }
+        let parent = match made.parent() {
+            Some(p) if p.as_os_str().is_empty() => Path::new("."),
+            Some(p) => p,
+            None => continue,
+        };
+        File::open(parent)?.sync_all()?;
     }
     Ok(())
 }
