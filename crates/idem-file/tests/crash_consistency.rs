@@ -24,12 +24,13 @@ async fn crash_keeps_every_acknowledged_completion() {
         // Two crashes in one directory: recovery of a recovered store too.
         for again in 0..2 {
             let run = round * 2 + again;
-            let written = write_until_stopped(dir.path(), Setup::new(durability), run, |child| {
+            let setup = Setup::new(durability);
+            let written = write_until_stopped(dir.path(), setup, run, |child| {
                 child.start_kill().unwrap(); // SIGKILL
             })
             .await;
             let store = FileStore::open(dir.path()).expect("the store reopens after kill -9");
-            let found = check_restarted(&store, &written, run).await;
+            let found = check_restarted(&store, setup, &written, run).await;
             assert!(
                 found.lost.is_empty(),
                 "{durability:?}: {} acknowledged completions are gone after kill -9, e.g. {:?}",

@@ -19,6 +19,11 @@ use support::{Found, Setup, Written, check_restarted, write_until_stopped};
 /// raises per run, where the default block (2^20) is never reached.
 const SMALL_BLOCK: u64 = 8;
 
+/// Outcomes of this size fill a memtable (8 MiB) every 64 completions: the
+/// engine writes tables while the child writes, and the cut may land in the
+/// middle of one.
+const LARGE_OUTCOME: usize = 128 * 1024;
+
 /// One run on a fresh mount of `backing`: write, cut the power, kill the
 /// writer, mount what the disk kept, reopen and check.
 async fn cut_once(backing: &Path, setup: Setup, run: u32) -> Option<(Written, Found)> {
@@ -34,7 +39,7 @@ async fn cut_once(backing: &Path, setup: Setup, run: u32) -> Option<(Written, Fo
 
     let disk = PowerLossDisk::mount(backing, mountpoint.path()).unwrap();
     let store = FileStore::open(&store_dir).expect("the store reopens after a power cut");
-    let found = check_restarted(&store, &written, run).await;
+    let found = check_restarted(&store, setup, &written, run).await;
     drop(store);
     disk.unmount().unwrap();
     println!(
@@ -54,10 +59,15 @@ async fn power_cut_keeps_every_acknowledged_completion() {
         token_block: Some(SMALL_BLOCK),
         ..group
     };
+    let large_outcomes = Setup {
+        outcome_bytes: LARGE_OUTCOME,
+        ..group
+    };
     let runs = [
         (group, 2),
         (Setup::new(Durability::Immediate), 1),
         (small_block, 2),
+        (large_outcomes, 2),
     ];
     let mut run = 0;
     for (setup, cuts) in runs {

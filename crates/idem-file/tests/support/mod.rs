@@ -17,6 +17,7 @@ const DIR_VAR: &str = "IDEM_CRASH_TEST_DIR";
 const MODE_VAR: &str = "IDEM_CRASH_TEST_MODE";
 const RUN_VAR: &str = "IDEM_CRASH_TEST_RUN";
 const BLOCK_VAR: &str = "IDEM_CRASH_TEST_TOKEN_BLOCK";
+const OUTCOME_VAR: &str = "IDEM_CRASH_TEST_OUTCOME_BYTES";
 
 /// How the child's store runs.
 #[derive(Clone, Copy, Debug)]
@@ -24,6 +25,9 @@ pub struct Setup {
     pub durability: Durability,
     /// Tokens per raise of the durable token ceiling; `None` for the default.
     pub token_block: Option<u64>,
+    /// The size of each outcome: large ones fill memtables, so the engine
+    /// flushes tables and rotates journals while the child writes.
+    pub outcome_bytes: usize,
 }
 
 impl Setup {
@@ -31,8 +35,16 @@ impl Setup {
         Self {
             durability,
             token_block: None,
+            outcome_bytes: 0,
         }
     }
+}
+
+/// The outcome stored for key `k`: the key, padded to `size` bytes.
+fn outcome(k: &str, size: usize) -> Vec<u8> {
+    let mut bytes = k.as_bytes().to_vec();
+    bytes.resize(size.max(bytes.len()), b'.');
+    bytes
 }
 
 fn mode_name(d: Durability) -> &'static str {
@@ -65,6 +77,10 @@ async fn child_writer() {
     }
     let store = builder.open().unwrap();
     let run = std::env::var(RUN_VAR).unwrap_or_default();
+    let size = std::env::var(OUTCOME_VAR)
+        .ok()
+        .and_then(|b| b.parse().ok())
+        .unwrap_or(0);
     let out = Arc::new(std::sync::Mutex::new(std::io::stdout()));
     let say = move |line: String| {
         let mut out = out.lock().unwrap();
@@ -82,7 +98,7 @@ async fn child_writer() {
                     };
                     let claim = acquired(begin);
                     say(format!("TOKEN {}", claim.token.get()));
-                    let outcome = key.bytes().clone();
+                    let outcome = outcome(&format!("k{run}-{task}-{i}"), size).into();
                     let Ok(done) = store
                         .complete(&key, claim.token, Some(outcome), Duration::from_secs(3600))
                         .await
@@ -129,6 +145,7 @@ pub async fn write_until_stopped(
         .env(DIR_VAR, dir)
         .env(MODE_VAR, mode_name(setup.durability))
         .env(RUN_VAR, round.to_string())
+        .env(OUTCOME_VAR, setup.outcome_bytes.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true);
@@ -189,13 +206,19 @@ pub struct Found {
 /// Checks the reopened store against what the child reported: every record
 /// decodes, and a fresh token is above every token the child reported.
 /// Acknowledged completions that are missing are returned, not failed on.
-pub async fn check_restarted(store: &FileStore, written: &Written, round: u32) -> Found {
+pub async fn check_restarted(
+    store: &FileStore,
+    setup: Setup,
+    written: &Written,
+    round: u32,
+) -> Found {
     let mut lost = Vec::new();
     for (k, token) in &written.acked {
         let key = Key::new("crash", k.clone()).unwrap();
         match store.get(&key).await.unwrap() {
             Some(Record::Completed(r))
-                if r.token.get() == *token && r.outcome.as_deref() == Some(k.as_bytes()) => {}
+                if r.token.get() == *token
+                    && r.outcome.as_deref() == Some(&outcome(k, setup.outcome_bytes)[..]) => {}
             other => lost.push(format!("{k} (token {token}): {other:?}")),
         }
     }
