@@ -1,4 +1,4 @@
-//! The store contract (DESIGN.md §2).
+//! The store contract (docs/contract.md §2).
 
 use std::future::Future;
 use std::sync::Arc;
