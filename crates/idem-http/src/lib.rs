@@ -1,6 +1,6 @@
 //! idem over HTTP.
 //!
-//! - [`api`]: the service API (DESIGN.md §5) as an axum router over any
+//! - [`api`]: the service API (docs/contract.md §5) as an axum router over any
 //!   store, for clients in any language.
 //! - [`gateway`]: the `Idempotency-Key` layer (DESIGN.md §6), a plain
 //!   `tower::Layer` usable with axum, hyper or tonic.

@@ -1,4 +1,4 @@
-//! The service API of DESIGN.md §5, as an axum [`Router`](axum::Router) over
+//! The service API of docs/contract.md §5, as an axum [`Router`](axum::Router) over
 //! any store.
 //!
 //! - `router`: the routes and the layers around them;

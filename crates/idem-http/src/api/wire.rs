@@ -1,4 +1,4 @@
-//! The JSON the service speaks (DESIGN.md §5). Times are milliseconds since
+//! The JSON the service speaks (docs/contract.md §5). Times are milliseconds since
 //! the Unix epoch on the store's clock; durations are milliseconds.
 
 use serde::{Deserialize, Serialize};
