@@ -9,6 +9,11 @@ use crate::{Failure, init_logging, serve_until_signal, store_url};
 
 /// `idem serve`.
 #[derive(Args, Debug)]
+#[command(
+    after_long_help = "Request bodies are JSON: send `Content-Type: application/json` (curl: --json); \
+        anything else is answered 415. Outcomes are returned exactly as sent. A client that \
+        disconnects never cuts a store operation short. The whole API: GET /openapi.json."
+)]
 pub struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:7700].
     #[arg(long, env = "IDEM_LISTEN", value_name = "ADDR")]

@@ -32,6 +32,7 @@ fn help_documents_every_option() {
         "--redis-client-key",
         "IDEM_STORE",
         "IDEM_LISTEN",
+        "Content-Type: application/json",
     ] {
         assert!(
             out.contains(option),
