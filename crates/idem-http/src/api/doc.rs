@@ -8,7 +8,7 @@ use super::handlers::{
     __path_begin, __path_begin_batch, __path_complete, __path_complete_batch, __path_extend,
     __path_healthz, __path_openapi, __path_readyz, __path_record, __path_release,
 };
-use super::metrics::__path_metrics_text;
+use super::telemetry::__path_metrics_text;
 use super::wire::*;
 
 /// The `{ns}` path segment, for the API document.

@@ -17,7 +17,7 @@ use utoipa::OpenApi;
 use super::doc::{FencedProblems, LookupProblems, NsParam, V1Problems};
 use super::extract::{Ns, Payload};
 use super::wire::*;
-use super::{ApiConfig, ApiDoc, Problem, Shared, metrics};
+use super::{ApiConfig, ApiDoc, Problem, Shared, telemetry};
 
 fn key(ns: &Namespace, key: String) -> Result<Key, Problem> {
     Key::in_namespace(ns.clone(), key).map_err(|e| Problem::invalid(&e))
@@ -51,11 +51,11 @@ fn begin_answer(ns: &Namespace, b: Begin) -> BeginAnswer {
     match b {
         Begin::Acquired(c) => {
             if c.attempt > 1 {
-                metrics::takeover(ns);
+                telemetry::takeover(ns);
             } else {
-                metrics::in_progress(1.0);
+                telemetry::in_progress(1.0);
             }
-            metrics::operation(ns, "begin", "acquired");
+            telemetry::operation(ns, "begin", "acquired");
             BeginAnswer::Acquired {
                 token: c.token.get(),
                 lease_expires_at_ms: c.lease_expires_at.as_millis(),
@@ -63,7 +63,7 @@ fn begin_answer(ns: &Namespace, b: Begin) -> BeginAnswer {
             }
         }
         Begin::InProgress { retry_after } => {
-            metrics::operation(ns, "begin", "in_progress");
+            telemetry::operation(ns, "begin", "in_progress");
             BeginAnswer::InProgress {
                 retry_after_ms: millis(retry_after),
             }
@@ -72,14 +72,14 @@ fn begin_answer(ns: &Namespace, b: Begin) -> BeginAnswer {
             outcome,
             completed_at,
         } => {
-            metrics::operation(ns, "begin", "completed");
+            telemetry::operation(ns, "begin", "completed");
             BeginAnswer::Completed {
                 outcome: outcome_json(outcome.as_deref()),
                 completed_at_ms: completed_at.as_millis(),
             }
         }
         Begin::Mismatch => {
-            metrics::operation(ns, "begin", "mismatch");
+            telemetry::operation(ns, "begin", "mismatch");
             BeginAnswer::Mismatch
         }
     }
@@ -88,15 +88,15 @@ fn begin_answer(ns: &Namespace, b: Begin) -> BeginAnswer {
 fn fenced<T>(ns: &Namespace, operation: &'static str, f: Fenced<T>) -> Result<T, Problem> {
     match f {
         Fenced::Ok(t) => {
-            metrics::operation(ns, operation, "ok");
+            telemetry::operation(ns, operation, "ok");
             if operation != "extend" {
-                metrics::in_progress(-1.0);
+                telemetry::in_progress(-1.0);
             }
             Ok(t)
         }
         Fenced::Stale => {
-            metrics::operation(ns, operation, "stale");
-            metrics::stale(ns, operation);
+            telemetry::operation(ns, operation, "stale");
+            telemetry::stale(ns, operation);
             Err(Problem::stale(
                 "this token does not own the key: its lease ran out, someone took over, or it was completed or released",
             ))
@@ -289,12 +289,12 @@ pub(super) async fn complete_batch(
         .into_iter()
         .map(|f| match f {
             Fenced::Ok(()) => {
-                metrics::operation(&ns, "complete", "ok");
-                metrics::in_progress(-1.0);
+                telemetry::operation(&ns, "complete", "ok");
+                telemetry::in_progress(-1.0);
                 CompleteItemAnswer::Completed
             }
             Fenced::Stale => {
-                metrics::operation(&ns, "complete", "stale");
+                telemetry::operation(&ns, "complete", "stale");
                 CompleteItemAnswer::Stale
             }
         })

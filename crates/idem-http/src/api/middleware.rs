@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use http::header;
 
 use super::extract::{BodyLimit, Ns};
-use super::metrics;
+use super::telemetry;
 use super::{Problem, Shared};
 
 /// Refuses a `/v1/{ns}/*` request whose namespace is malformed or whose
@@ -24,7 +24,7 @@ pub(super) async fn authorize(
     let ns = match ns {
         Ok(Ns(ns)) => ns,
         Err(p) => {
-            metrics::refused("invalid_namespace");
+            telemetry::refused("invalid_namespace");
             return p.into_response();
         }
     };
@@ -32,7 +32,7 @@ pub(super) async fn authorize(
         .auth
         .check(req.headers().get(header::AUTHORIZATION), &ns)
     {
-        metrics::refused(if p.status == 401 {
+        telemetry::refused(if p.status == 401 {
             "unauthorized"
         } else {
             "forbidden"
@@ -53,6 +53,6 @@ pub(super) async fn observe(req: Request, next: Next) -> Response {
         .to_owned();
     let start = Instant::now();
     let response = next.run(req).await;
-    metrics::request(route, response.status(), start.elapsed());
+    telemetry::request(route, response.status(), start.elapsed());
     response
 }

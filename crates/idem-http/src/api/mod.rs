@@ -1,12 +1,12 @@
-//! The service API of docs/contract.md §5, as an axum [`Router`](axum::Router) over
-//! any store.
+//! The service API of docs/contract.md §5, as an axum
+//! [`Router`](axum::Router) over any store.
 //!
 //! - `router`: the routes and the layers around them;
 //! - `extract`: the checked namespace and the JSON body;
 //! - `middleware`: authorization and request metrics;
 //! - `handlers`: the operations, health and the API document;
 //! - `detached`: store operations that outlive a client who leaves;
-//! - `metrics`: what the service counts, and `/metrics`;
+//! - `telemetry`: what the service counts, and `/metrics`;
 //! - `doc`: the OpenAPI document.
 
 mod auth;
@@ -14,10 +14,10 @@ mod detached;
 mod doc;
 mod extract;
 mod handlers;
-mod metrics;
 mod middleware;
 mod problem;
 mod router;
+mod telemetry;
 pub mod wire;
 
 use std::future::Future;

@@ -10,8 +10,8 @@ use axum::routing::{get, post};
 use super::handlers::{
     begin, begin_batch, complete, complete_batch, extend, healthz, openapi, readyz, record, release,
 };
-use super::metrics::metrics_text;
 use super::middleware::{authorize, observe};
+use super::telemetry::metrics_text;
 use super::{ApiState, Problem};
 
 /// The whole service: `/v1/*`, health, metrics and the API document.
