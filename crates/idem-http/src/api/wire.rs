@@ -1,5 +1,6 @@
-//! The JSON the service speaks (docs/contract.md §5). Times are milliseconds since
-//! the Unix epoch on the store's clock; durations are milliseconds.
+//! The JSON the service speaks (docs/contract.md §5). Times are
+//! milliseconds since the Unix epoch on the store's clock; durations are
+//! milliseconds.
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
