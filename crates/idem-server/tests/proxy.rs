@@ -584,3 +584,45 @@ async fn trailers_are_passed_on_stored_and_replayed() {
     assert_eq!(replayed.expect("the replay has the trailers"), trailers);
     assert_eq!(counts.grpc.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scope_and_release_settings_come_from_the_file_and_the_environment() {
+    let (up, counts) = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("idem.toml");
+    std::fs::write(
+        &file,
+        "scope_headers = [\"X-API-Key\"]\nrelease_status = \"500-599\"\nkeyless_window_ms = 5000\n",
+    )
+    .unwrap();
+    let proxy = start_proxy(&up, &["--config", file.to_str().unwrap()]).await;
+    let as_client = |api_key: &'static str| {
+        let url = proxy.url("/limited");
+        async move {
+            let headers = [("idempotency-key", "k-1"), ("x-api-key", api_key)];
+            send(Method::POST, &url, &headers, "{}").await
+        }
+    };
+    let alice = as_client("alice-key").await;
+    assert_eq!(alice.status, 429, "stored, not released, under 500-599");
+    assert_eq!(
+        as_client("alice-key").await.headers["idempotent-replayed"],
+        "true"
+    );
+    let bob = as_client("bob-key").await;
+    assert_eq!(bob.status, 201);
+    assert!(bob.headers.get("idempotent-replayed").is_none());
+    assert_eq!(counts.limited.load(Ordering::SeqCst), 2);
+
+    let env = [
+        ("IDEM_SCOPE_HEADERS", "X-API-Key,Authorization"),
+        ("IDEM_KEYLESS_WINDOW_MS", "5000"),
+    ];
+    let mut args = vec!["proxy", "--upstream", &up, "--store", "memory://"];
+    args.push("--listen");
+    args.push("127.0.0.1:0");
+    drop(start(&args, &env).await);
+    let (code, _, err) = run(&args, &[("IDEM_RELEASE_STATUS", "5xx")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("release_status"), "{err}");
+}
