@@ -626,3 +626,31 @@ async fn scope_and_release_settings_come_from_the_file_and_the_environment() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("release_status"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_calls_whose_clients_left_store_their_answers() {
+    let (up, counts) = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().display());
+    let start_on_file = || {
+        let args = ["proxy", "--upstream", &up, "--store", &store];
+        async move { start(&args, &[]).await }
+    };
+    let proxy = start_on_file().await;
+    assert!(
+        post_slow(&proxy.base, 7, Duration::from_millis(50))
+            .await
+            .is_none(),
+        "the client gave up"
+    );
+    // Stopped while the upstream still works on the request, for a client
+    // that is gone: the proxy waits for the answer and stores it.
+    assert_eq!(proxy.terminate().await, 0);
+    let restarted = start_on_file().await;
+    let retry = post_slow(&restarted.base, 7, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(retry.status, 201, "{:?}", retry.body);
+    assert_eq!(retry.headers["idempotent-replayed"], "true");
+    assert_eq!(counts.slow.load(Ordering::SeqCst), 1);
+}
