@@ -190,7 +190,7 @@ impl fmt::Debug for GatewayConfig {
 /// The gateway service; see the [module docs](self).
 ///
 /// A covered request with a key is claimed in the store and then forwarded
-/// by a spawned task, which stores the upstream's answer whatever happens
+/// by a task spawned on the current Tokio runtime, which stores the upstream's answer whatever happens
 /// to the caller; [`IdempotencyLayer::wait_detached`] waits for those tasks
 /// (at shutdown).
 ///
