@@ -60,7 +60,7 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
         detached: detached.clone(),
     });
     let served = serve_until_signal(app, &common, "serve").await;
-    detached.finished().await;
+    detached.wait().await;
     store.close();
     tracing::info!("stopped");
     served

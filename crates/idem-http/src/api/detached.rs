@@ -6,41 +6,22 @@
 //! the operation finishes whether or not anyone is left to answer.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
 use idem_core::StoreError;
-use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
 
 use super::Problem;
 
 /// The store operations the service has started, each on its own task.
 ///
-/// Clones share the set. A server waits for [`finished`](Self::finished)
+/// Clones share the set. A server waits for them ([`wait`](Self::wait))
 /// before it closes the store, so an operation whose client left is not cut
 /// short at shutdown either.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Detached {
-    /// How many are running.
-    running: Arc<watch::Sender<usize>>,
-}
-
-impl Default for Detached {
-    fn default() -> Self {
-        Self {
-            running: Arc::new(watch::Sender::new(0)),
-        }
-    }
-}
-
-/// Counts one operation from its start until its task ends, also by a panic.
-struct Running(Arc<watch::Sender<usize>>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.0.send_modify(|n| *n -= 1);
-    }
+    tasks: TaskTracker,
 }
 
 impl Detached {
@@ -50,13 +31,7 @@ impl Detached {
         &self,
         operation: impl Future<Output = Result<T, StoreError>> + Send + 'static,
     ) -> Result<T, Problem> {
-        self.running.send_modify(|n| *n += 1);
-        let running = Running(self.running.clone());
-        let task = tokio::spawn(async move {
-            let _running = running;
-            operation.await
-        });
-        match task.await {
+        match self.tasks.spawn(operation).await {
             Ok(result) => result.map_err(Problem::store),
             // A panic in a store is a bug: let it take the request down as it
             // would have without the task.
@@ -72,27 +47,27 @@ impl Detached {
         }
     }
 
-    /// Completes when no operation is running.
+    /// Completes when every operation started so far has finished.
     ///
     /// # Cancel safety
     ///
-    /// Cancel-safe: dropping the future stops only the waiting; the
-    /// operations run on.
-    pub async fn finished(&self) {
-        let mut running = self.running.subscribe();
-        // The sender lives in `self`, so the wait cannot fail.
-        let _ = running.wait_for(|n| *n == 0).await;
+    /// Only waits: dropping it stops the waiting, never an operation.
+    pub async fn wait(&self) {
+        self.tasks.close();
+        self.tasks.wait().await;
+        self.tasks.reopen();
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::*;
 
     #[tokio::test]
-    async fn a_dropped_caller_does_not_cut_its_operation_short_and_finished_waits_for_it() {
+    async fn a_dropped_caller_does_not_cut_its_operation_short_and_wait_waits_for_it() {
         let detached = Detached::default();
         let done = Arc::new(AtomicBool::new(false));
         let operation = {
@@ -109,10 +84,10 @@ mod tests {
         let gave_up = tokio::time::timeout(Duration::from_millis(1), caller).await;
         assert!(gave_up.is_err(), "the operation takes longer than that");
         assert!(!done.load(Ordering::SeqCst));
-        tokio::time::timeout(Duration::from_secs(5), detached.finished())
+        tokio::time::timeout(Duration::from_secs(5), detached.wait())
             .await
             .expect("finished once the operation has");
         assert!(done.load(Ordering::SeqCst), "the operation was cut short");
-        assert_eq!(*detached.running.borrow(), 0);
+        assert!(detached.tasks.is_empty());
     }
 }

@@ -21,7 +21,7 @@ pub(super) struct NsParam {
     ns: String,
 }
 
-// The error answers of the `/v1` operations, for the API document.
+// The error answers of every `/v1` operation, for the API document.
 #[derive(utoipa::IntoResponses)]
 #[allow(dead_code)]
 pub(super) enum V1Problems {
@@ -34,63 +34,39 @@ pub(super) enum V1Problems {
     /// The token may not use this namespace.
     #[response(status = 403, content_type = "application/problem+json")]
     Forbidden(Problem),
+    /// The store failed; retry after `Retry-After`.
+    #[response(status = 503, content_type = "application/problem+json")]
+    Unavailable(Problem),
+}
+
+// Those of the operations that take a body.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub(super) enum BodyProblems {
     /// The body or the outcome is over its limit.
     #[response(status = 413, content_type = "application/problem+json")]
     TooLarge(Problem),
     /// The body is not declared as JSON: send `Content-Type: application/json`.
     #[response(status = 415, content_type = "application/problem+json")]
     NotJson(Problem),
-    /// The store failed; retry after `Retry-After`.
-    #[response(status = 503, content_type = "application/problem+json")]
-    Unavailable(Problem),
 }
 
-// Those of the operations that need the caller to own the key.
+// That of the operations that need the caller to own the key.
 #[derive(utoipa::IntoResponses)]
 #[allow(dead_code)]
-pub(super) enum FencedProblems {
-    /// Malformed or refused input.
-    #[response(status = 400, content_type = "application/problem+json")]
-    BadRequest(Problem),
-    /// No bearer token, or an unknown one.
-    #[response(status = 401, content_type = "application/problem+json")]
-    Unauthorized(Problem),
-    /// The token may not use this namespace.
-    #[response(status = 403, content_type = "application/problem+json")]
-    Forbidden(Problem),
+pub(super) enum StaleProblem {
     /// The token does not own the key (stale).
     #[response(status = 409, content_type = "application/problem+json")]
     Stale(Problem),
-    /// The body or the outcome is over its limit.
-    #[response(status = 413, content_type = "application/problem+json")]
-    TooLarge(Problem),
-    /// The body is not declared as JSON: send `Content-Type: application/json`.
-    #[response(status = 415, content_type = "application/problem+json")]
-    NotJson(Problem),
-    /// The store failed; retry after `Retry-After`.
-    #[response(status = 503, content_type = "application/problem+json")]
-    Unavailable(Problem),
 }
 
-// Those of the record lookup.
+// That of the record lookup.
 #[derive(utoipa::IntoResponses)]
 #[allow(dead_code)]
-pub(super) enum LookupProblems {
-    /// Malformed or refused input.
-    #[response(status = 400, content_type = "application/problem+json")]
-    BadRequest(Problem),
-    /// No bearer token, or an unknown one.
-    #[response(status = 401, content_type = "application/problem+json")]
-    Unauthorized(Problem),
-    /// The token may not use this namespace.
-    #[response(status = 403, content_type = "application/problem+json")]
-    Forbidden(Problem),
+pub(super) enum NotFoundProblem {
     /// No record for the key.
     #[response(status = 404, content_type = "application/problem+json")]
     NotFound(Problem),
-    /// The store failed; retry after `Retry-After`.
-    #[response(status = 503, content_type = "application/problem+json")]
-    Unavailable(Problem),
 }
 
 /// The OpenAPI document of the service, generated from the handlers.

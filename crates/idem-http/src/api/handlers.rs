@@ -14,7 +14,7 @@ use idem_core::{
 use serde_json::value::RawValue;
 use utoipa::OpenApi;
 
-use super::doc::{FencedProblems, LookupProblems, NsParam, V1Problems};
+use super::doc::{BodyProblems, NotFoundProblem, NsParam, StaleProblem, V1Problems};
 use super::extract::{Ns, Payload};
 use super::wire::*;
 use super::{ApiConfig, ApiDoc, Problem, Shared, telemetry};
@@ -156,6 +156,7 @@ fn batch_items<R, T>(
     responses(
         (status = 200, body = BeginAnswer, description = "acquired, in_progress, completed or mismatch"),
         V1Problems,
+        BodyProblems,
     ))]
 pub(super) async fn begin(
     State(state): Shared,
@@ -177,7 +178,9 @@ pub(super) async fn begin(
     request_body = CompleteRequest,
     responses(
         (status = 200, body = CompleteAnswer),
-        FencedProblems,
+        V1Problems,
+        BodyProblems,
+        StaleProblem,
     ))]
 pub(super) async fn complete(
     State(state): Shared,
@@ -204,7 +207,9 @@ pub(super) async fn complete(
     request_body = ReleaseRequest,
     responses(
         (status = 200, body = ReleaseAnswer),
-        FencedProblems,
+        V1Problems,
+        BodyProblems,
+        StaleProblem,
     ))]
 pub(super) async fn release(
     State(state): Shared,
@@ -225,7 +230,9 @@ pub(super) async fn release(
     request_body = ExtendRequest,
     responses(
         (status = 200, body = ExtendAnswer),
-        FencedProblems,
+        V1Problems,
+        BodyProblems,
+        StaleProblem,
     ))]
 pub(super) async fn extend(
     State(state): Shared,
@@ -253,6 +260,7 @@ pub(super) async fn extend(
     responses(
         (status = 200, body = BeginBatchAnswer),
         V1Problems,
+        BodyProblems,
     ))]
 pub(super) async fn begin_batch(
     State(state): Shared,
@@ -275,6 +283,7 @@ pub(super) async fn begin_batch(
     responses(
         (status = 200, body = CompleteBatchAnswer),
         V1Problems,
+        BodyProblems,
     ))]
 pub(super) async fn complete_batch(
     State(state): Shared,
@@ -307,7 +316,8 @@ pub(super) async fn complete_batch(
     params(NsParam, RecordQuery),
     responses(
         (status = 200, body = RecordAnswer),
-        LookupProblems,
+        V1Problems,
+        NotFoundProblem,
     ))]
 pub(super) async fn record(
     State(state): Shared,
