@@ -17,7 +17,7 @@ use futures_util::future::BoxFuture;
 use idem_core::StoreError;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::ITEMS_PER_CALL;
+use crate::script::ITEMS_PER_CALL;
 
 /// Most batched calls the driver keeps out at once; the operations that
 /// arrive meanwhile form the next batch. Measured at 64 tasks on two cores:

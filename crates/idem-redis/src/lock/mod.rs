@@ -5,11 +5,37 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use idem_core::{FencingToken, Fingerprint, InvalidInput, Lease, StoreError};
-use redis::Value;
+use redis::{Script, Value};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Inner, corrupt, number, unavailable};
+use crate::layout::{lock_key, millis};
+use crate::reply::{corrupt, number, unavailable};
+use crate::store::Inner;
+
+mod waiter;
+
+/// The lock's scripts (in `scripts/`).
+pub(crate) struct Scripts {
+    acquire: Script,
+    release: Script,
+    renew: Script,
+    leave: Script,
+}
+
+impl Scripts {
+    pub(crate) fn new() -> Self {
+        Scripts {
+            acquire: Script::new(concat!(
+                include_str!("../scripts/time.lua"),
+                include_str!("scripts/acquire.lua")
+            )),
+            release: Script::new(include_str!("scripts/release.lua")),
+            renew: Script::new(include_str!("scripts/renew.lua")),
+            leave: Script::new(include_str!("scripts/leave.lua")),
+        }
+    }
+}
 
 /// How often a waiter looks again when no wake-up came.
 const FALLBACK_POLL: Duration = Duration::from_secs(1);
@@ -83,7 +109,7 @@ impl Lock {
     }
 
     fn key(&self, suffix: &str) -> String {
-        format!("idem:{{lock:{}}}{suffix}", self.name)
+        lock_key(&self.name, suffix)
     }
 
     /// Takes the lock, waiting up to `wait` in line; `None` if it stayed
@@ -99,8 +125,8 @@ impl Lock {
             let left = deadline.saturating_duration_since(Instant::now());
             let reply: Value = self
                 .inner
-                .scripts
-                .lock_acquire
+                .lock_scripts
+                .acquire
                 .key(self.key(""))
                 .key(self.key(":t"))
                 .key(self.key(":q"))
@@ -159,8 +185,8 @@ impl Lock {
     async fn leave(&self, me: &str, wake_key: &str) -> Result<(), StoreError> {
         let _: Value = self
             .inner
-            .scripts
-            .lock_leave
+            .lock_scripts
+            .leave
             .key(self.key(":q"))
             .key(self.key(":qd"))
             .key(wake_key)
@@ -174,8 +200,8 @@ impl Lock {
     async fn release_as(&self, me: &str) -> Result<bool, StoreError> {
         let v: Value = self
             .inner
-            .scripts
-            .lock_release
+            .lock_scripts
+            .release
             .key(self.key(""))
             .key(self.key(":q"))
             .key(self.key(":w:"))
@@ -189,8 +215,8 @@ impl Lock {
     async fn renew_as(&self, me: &str) -> Result<bool, StoreError> {
         let v: Value = self
             .inner
-            .scripts
-            .lock_renew
+            .lock_scripts
+            .renew
             .key(self.key(""))
             .arg(me)
             .arg(millis(self.lease))
@@ -285,10 +311,6 @@ async fn watch(lock: Lock, owner: String, lost: CancellationToken) {
     }
     tracing::warn!(lock = %lock.name, "lock lost");
     lost.cancel();
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A value no other holder uses: a digest of the process, the time and a
