@@ -27,9 +27,11 @@ const CALLS_IN_FLIGHT: usize = 8;
 
 type Reply<O> = oneshot::Sender<Result<O, StoreError>>;
 
-/// Performs a batch, answering each item in order.
+/// Performs a batch, answering each item in order, each on its own: an
+/// item whose part of the batch failed gets the error, the others their
+/// answers.
 type Run<I, O> =
-    Arc<dyn Fn(Vec<I>) -> BoxFuture<'static, Result<Vec<O>, StoreError>> + Send + Sync>;
+    Arc<dyn Fn(Vec<I>) -> BoxFuture<'static, Vec<Result<O, StoreError>>> + Send + Sync>;
 
 /// Sends single operations of one kind (`I` in, `O` out): straight out, or
 /// gathered into batches.
@@ -65,7 +67,7 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
     pub(crate) fn start<F, Fut>(run: F, batching: bool) -> Self
     where
         F: Fn(Vec<I>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Vec<O>, StoreError>> + Send + 'static,
+        Fut: Future<Output = Vec<Result<O, StoreError>>> + Send + 'static,
     {
         let run: Run<I, O> = Arc::new(move |items| Box::pin(run(items)));
         let busy = Arc::new(AtomicUsize::new(0));
@@ -80,8 +82,8 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
     /// Performs `item` as a batch of one.
     async fn direct(&self, item: I) -> Result<O, StoreError> {
         let _busy = Busy::enter(&self.busy);
-        let mut answers = (self.run)(vec![item]).await?;
-        Ok(answers.pop().expect("one answer per item"))
+        let mut answers = (self.run)(vec![item]).await;
+        answers.pop().expect("one answer per item")
     }
 
     /// Performs `item`: straight out when nothing is in flight (or
@@ -150,30 +152,10 @@ async fn drive<I: Send + 'static, O: Send + 'static>(
     }
 }
 
-/// Hands each waiting caller its answer, or the batch's error.
-fn answer<O>(replies: Vec<Reply<O>>, answers: Result<Vec<O>, StoreError>) {
-    match answers {
-        Ok(answers) => {
-            for (reply, a) in replies.into_iter().zip(answers) {
-                // A caller that stopped waiting does not mind.
-                let _ = reply.send(Ok(a));
-            }
-        }
-        Err(e) => {
-            for reply in replies {
-                let _ = reply.send(Err(copy(&e)));
-            }
-        }
-    }
-}
-
-/// The same error for every caller of a failed batch.
-fn copy(e: &StoreError) -> StoreError {
-    match e {
-        StoreError::Invalid(i) => StoreError::Invalid(i.clone()),
-        StoreError::CapacityExceeded { limit } => StoreError::CapacityExceeded { limit: *limit },
-        StoreError::Corrupt(s) => StoreError::Corrupt(s.clone()),
-        StoreError::Unavailable(inner) => StoreError::unavailable(inner.to_string()),
-        other => StoreError::unavailable(other.to_string()),
+/// Hands each waiting caller its own item's answer.
+fn answer<O>(replies: Vec<Reply<O>>, answers: Vec<Result<O, StoreError>>) {
+    for (reply, a) in replies.into_iter().zip(answers) {
+        // A caller that stopped waiting does not mind.
+        let _ = reply.send(a);
     }
 }

@@ -41,6 +41,29 @@
 //! acquired more than 1 024 times in a millisecond. A released key keeps its
 //! token for `tombstone_ttl` (1 hour by default), which covers small clock
 //! steps between a release and the next acquisition.
+//!
+//! # When a call fails
+//!
+//! Each item gets its own answer. Single calls gathered into one batch, and
+//! the items of `begin_many` and `complete_many`, go out as one script call
+//! per hash slot (per lease or retention); when one call fails (its master
+//! down, its slot moving, a script error on one node), only its items get
+//! the error and every other item its own answer. `begin_many` then
+//! answers with the error and releases the claims it did make, since its
+//! caller gets no tokens to complete them; in `complete_many`, the items
+//! that were done stay done. (A master that stops answering altogether is
+//! another matter: the cluster client holds every call while it looks for
+//! the cluster's new shape, so calls to healthy masters can time out
+//! meanwhile.)
+//!
+//! A call that fails after it was sent (a timeout, a lost connection) may
+//! have run on Redis or not; the store cannot tell, and answers
+//! `Unavailable`. A `begin` that did run holds the key for its lease, then
+//! a redelivery takes it over (`attempt` counts it). A `complete` that did
+//! run answers `Ok` when sent again with the same token, so retrying it is
+//! always safe. An `extend` sent again extends again; a `release` sent
+//! again answers `Stale` once the first one ran (the key is free either
+//! way).
 #![deny(missing_docs)]
 
 mod builder;

@@ -51,6 +51,9 @@ pub(crate) struct ScriptItem {
 /// Most items in one script call, so one call never holds Redis for long.
 pub(crate) const ITEMS_PER_CALL: usize = 256;
 
+/// One command's answer, or why it failed.
+pub(crate) type Answer = redis::RedisResult<Value>;
+
 impl Inner {
     /// Runs a many-item `script` over `items`: items are grouped by hash
     /// slot and by their `group` (what the script takes once a call: a
@@ -62,7 +65,9 @@ impl Inner {
     /// items; a call of one item may instead answer with a value that is not
     /// an array, the item's answer alone. Answers each item, in order, with
     /// the first of its call's own values (nil when `lead` is 0 or the call
-    /// answered alone).
+    /// answered alone); an item whose call failed gets that call's error,
+    /// and only those items: calls fail one by one (a master down, a slot
+    /// moving, a script error on one node), each on its own.
     pub(crate) async fn run_script(
         &self,
         conn: &Conn,
@@ -71,7 +76,7 @@ impl Inner {
         shared: impl Fn(&[usize], &mut Cmd),
         own: impl Fn(usize, &mut Cmd),
         lead: usize,
-    ) -> Result<Vec<(Value, Value)>, StoreError> {
+    ) -> Vec<Result<(Value, Value), StoreError>> {
         let groups: Vec<Vec<usize>> = if items.len() == 1 {
             vec![vec![0]]
         } else {
@@ -105,110 +110,145 @@ impl Inner {
                 members.push(chunk);
             }
         }
-        let replies = self.pipelined(conn, &cmds, &first_keys).await?;
-        let mut answers = vec![(Value::Nil, Value::Nil); items.len()];
+        let replies = self.pipelined(conn, &cmds, &first_keys).await;
+        let mut answers: Vec<Result<(Value, Value), StoreError>> = (0..items.len())
+            .map(|_| Ok((Value::Nil, Value::Nil)))
+            .collect();
         for (chunk, reply) in members.into_iter().zip(replies) {
+            let fail = |answers: &mut Vec<_>, e: &dyn Fn() -> StoreError| {
+                for &i in chunk {
+                    answers[i] = Err(e());
+                }
+            };
             let mut per_item = match reply {
-                Value::Array(per_item) => per_item,
-                alone if chunk.len() == 1 => {
-                    answers[chunk[0]] = (Value::Nil, alone);
+                Ok(Value::Array(per_item)) => per_item,
+                Ok(alone) if chunk.len() == 1 => {
+                    answers[chunk[0]] = Ok((Value::Nil, alone));
                     continue;
                 }
-                _ => return Err(corrupt("a script call", &reply)),
+                Ok(other) => {
+                    fail(&mut answers, &|| corrupt("a script call", &other));
+                    continue;
+                }
+                Err(e) => {
+                    fail(&mut answers, &|| unavailable(e.clone()));
+                    continue;
+                }
             };
             if per_item.len() != lead + chunk.len() {
-                return Err(corrupt("a script call", &Value::Array(per_item)));
+                let reply = Value::Array(per_item);
+                fail(&mut answers, &|| corrupt("a script call", &reply));
+                continue;
             }
             let head = per_item.first().filter(|_| lead > 0).cloned();
             for (&i, v) in chunk.iter().zip(per_item.drain(lead..)) {
-                answers[i] = (head.clone().unwrap_or(Value::Nil), v);
+                answers[i] = Ok((head.clone().unwrap_or(Value::Nil), v));
             }
         }
-        Ok(answers)
+        answers
     }
 
     /// Runs `cmds`, whose keys are `keys` (one each; may be empty for a
     /// single command), in one pipelined round trip: on a cluster, one
-    /// pipeline per hash slot, all at once. Answers in order.
+    /// pipeline per hash slot, all at once. Answers each command, in
+    /// order, on its own.
     pub(crate) async fn pipelined(
         &self,
         conn: &Conn,
         cmds: &[Cmd],
         keys: &[impl AsRef<[u8]>],
-    ) -> Result<Vec<Value>, StoreError> {
+    ) -> Vec<Answer> {
         if matches!(conn, Conn::Single(_)) || cmds.len() == 1 {
-            return self.pipeline(conn, cmds.iter()).await;
+            return self.pipeline(conn, cmds.iter().collect()).await;
         }
         let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
         for (i, k) in keys.iter().enumerate() {
             by_slot.entry(slot(k.as_ref())).or_default().push(i);
         }
-        let groups = futures_util::future::try_join_all(
+        // Each slot's pipeline on its own: one that fails (its master down,
+        // the slot moving) leaves the others' answers alone.
+        let groups = futures_util::future::join_all(
             by_slot
                 .values()
-                .map(|idx| self.pipeline(conn, idx.iter().map(|&i| &cmds[i]))),
+                .map(|idx| self.pipeline(conn, idx.iter().map(|&i| &cmds[i]).collect())),
         )
-        .await?;
-        let mut answers = vec![Value::Nil; cmds.len()];
+        .await;
+        let mut answers = vec![Ok(Value::Nil); cmds.len()];
         for (idx, replies) in by_slot.values().zip(groups) {
             for (&i, v) in idx.iter().zip(replies) {
                 answers[i] = v;
             }
         }
-        Ok(answers)
+        answers
     }
 
-    /// Runs `cmds` as one pipeline; loads the scripts and tries again once
-    /// if Redis does not know them (after a restart or flush).
-    pub(crate) async fn pipeline<'c>(
-        &self,
-        conn: &Conn,
-        cmds: impl Iterator<Item = &'c Cmd>,
-    ) -> Result<Vec<Value>, StoreError> {
-        let cmds: Vec<&Cmd> = cmds.collect();
+    /// Runs `cmds` as one pipeline, answering each command on its own;
+    /// loads the scripts and sends again, once, the commands Redis answered
+    /// with `NOSCRIPT` (after a restart, a flush or a failover).
+    pub(crate) async fn pipeline(&self, conn: &Conn, cmds: Vec<&Cmd>) -> Vec<Answer> {
         let mut conn = conn.clone();
-        let no_script = |e: &redis::RedisError| {
-            e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-        };
-        // One command goes out as itself: a pipeline of one costs more.
-        if let [cmd] = cmds[..] {
-            let once = match cmd.query_async::<Value>(&mut conn).await {
-                Err(e) if no_script(&e) => {
-                    self.load_scripts(&mut conn).await?;
-                    cmd.query_async(&mut conn).await
-                }
-                r => r,
-            };
-            return once.map(|v| vec![v]).map_err(unavailable);
+        let mut answers = send(&mut conn, &cmds).await;
+        let again: Vec<usize> = (0..answers.len())
+            .filter(|&i| matches!(&answers[i], Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)))
+            .collect();
+        if again.is_empty() {
+            return answers;
         }
-        let mut pipe = redis::pipe();
-        for c in cmds {
-            pipe.add_command(c.clone());
-        }
-        match pipe.query_async::<Vec<Value>>(&mut conn).await {
-            Err(e) if no_script(&e) => {
-                self.load_scripts(&mut conn).await?;
-                pipe.query_async(&mut conn).await.map_err(unavailable)
+        let retried = match self.load_scripts(&mut conn).await {
+            Ok(()) => {
+                send(
+                    &mut conn,
+                    &again.iter().map(|&i| cmds[i]).collect::<Vec<_>>(),
+                )
+                .await
             }
-            r => r.map_err(unavailable),
+            Err(e) => vec![Err(e); again.len()],
+        };
+        for (i, a) in again.into_iter().zip(retried) {
+            answers[i] = a;
         }
+        answers
     }
 
     pub(crate) async fn load_scripts(
         &self,
         conn: &mut impl ConnectionLike,
-    ) -> Result<(), StoreError> {
+    ) -> redis::RedisResult<()> {
         for s in [
             &self.scripts.begin,
             &self.scripts.complete,
             &self.scripts.release,
             &self.scripts.extend,
         ] {
-            s.prepare_invoke()
-                .load_async(conn)
-                .await
-                .map_err(unavailable)?;
+            s.prepare_invoke().load_async(conn).await?;
         }
         Ok(())
+    }
+}
+
+/// Sends `cmds` in one round trip (one command as itself: a pipeline of one
+/// costs more); answers each, a failure of the whole round trip for all.
+async fn send(conn: &mut Conn, cmds: &[&Cmd]) -> Vec<Answer> {
+    if let [cmd] = cmds {
+        return vec![cmd.query_async::<Value>(conn).await];
+    }
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for c in cmds {
+        pipe.add_command((*c).clone());
+    }
+    match pipe.query_async::<Vec<Value>>(conn).await {
+        Ok(values) if values.len() == cmds.len() => {
+            values.into_iter().map(Value::extract_error).collect()
+        }
+        Ok(values) => {
+            let e = redis::RedisError::from((
+                redis::ErrorKind::Parse,
+                "a pipeline's answers do not match its commands",
+                format!("{} commands, {} answers", cmds.len(), values.len()),
+            ));
+            vec![Err(e); cmds.len()]
+        }
+        Err(e) => vec![Err(e); cmds.len()],
     }
 }

@@ -101,8 +101,8 @@ impl Inner {
     }
 
     /// `begin` for `items`, in as few script calls as slots and leases
-    /// allow.
-    pub(crate) async fn begin_items(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
+    /// allow; each item's answer on its own.
+    pub(crate) async fn begin_items(&self, items: &[BeginItem]) -> Vec<Result<Begin, StoreError>> {
         let lease_of = |i: usize| millis(items[i].lease.duration());
         let calls = items
             .iter()
@@ -127,11 +127,12 @@ impl Inner {
         };
         let replies = self
             .run_script(&self.conn, &self.scripts.begin, calls, shared, own, 1)
-            .await?;
+            .await;
         replies
-            .iter()
+            .into_iter()
             .enumerate()
-            .map(|(i, (head, v))| {
+            .map(|(i, reply)| {
+                let (head, v) = &reply?;
                 // A lone first claim comes back as its token alone, which
                 // is Redis's time × 1024.
                 let now = match (head, v) {
@@ -144,11 +145,11 @@ impl Inner {
     }
 
     /// `complete` for `items`, in as few script calls as slots and
-    /// retentions allow.
+    /// retentions allow; each item's answer on its own.
     pub(crate) async fn complete_items(
         &self,
         items: &[CompleteItem],
-    ) -> Result<Vec<Fenced>, StoreError> {
+    ) -> Vec<Result<Fenced, StoreError>> {
         let calls = items
             .iter()
             .map(|i| ScriptItem {
@@ -180,17 +181,41 @@ impl Inner {
         let conn = self.waiting.as_ref().unwrap_or(&self.conn);
         let replies = self
             .run_script(conn, &self.scripts.complete, calls, shared, own, 0)
-            .await?;
-        let answers: Vec<Fenced> = replies
-            .iter()
-            .map(|(_, v)| fenced("complete", v))
-            .collect::<Result<_, _>>()?;
-        if let Some((replicas, timeout)) = self.replicas
-            && answers.iter().any(|a| !a.is_stale())
-        {
-            self.wait_for_replicas(conn, items, replicas, timeout).await;
+            .await;
+        let answers: Vec<Result<Fenced, StoreError>> = replies
+            .into_iter()
+            .map(|reply| fenced("complete", &reply?.1))
+            .collect();
+        if let Some((replicas, timeout)) = self.replicas {
+            let done: Vec<&CompleteItem> = items
+                .iter()
+                .zip(&answers)
+                .filter(|(_, a)| matches!(a, Ok(Fenced::Ok(()))))
+                .map(|(i, _)| i)
+                .collect();
+            if !done.is_empty() {
+                self.wait_for_replicas(conn, &done, replicas, timeout).await;
+            }
         }
-        Ok(answers)
+        answers
+    }
+
+    /// `release`, of a key already checked.
+    pub(crate) async fn release(
+        &self,
+        key: &Key,
+        token: FencingToken,
+    ) -> Result<Fenced, StoreError> {
+        let v: Value = self
+            .scripts
+            .release
+            .key(record_key(key))
+            .arg(token.get().to_string())
+            .arg(self.tombstone_ms)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        fenced("release", &v)
     }
 
     /// `WAIT` on the node of each item's key (all of them on a standalone
@@ -198,7 +223,7 @@ impl Inner {
     async fn wait_for_replicas(
         &self,
         conn: &Conn,
-        items: &[CompleteItem],
+        items: &[&CompleteItem],
         replicas: u32,
         timeout: Duration,
     ) {
@@ -277,17 +302,7 @@ impl Store for RedisStore {
 
     async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
         self.inner.limits.check_key(key)?;
-        let v: Value = self
-            .inner
-            .scripts
-            .release
-            .key(record_key(key))
-            .arg(token.get().to_string())
-            .arg(self.inner.tombstone_ms)
-            .invoke_async(&mut self.inner.conn())
-            .await
-            .map_err(unavailable)?;
-        fenced("release", &v)
+        self.inner.release(key, token).await
     }
 
     async fn extend(
@@ -330,7 +345,23 @@ impl Store for RedisStore {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        self.inner.begin_items(items).await
+        let answers = self.inner.begin_items(items).await;
+        if answers.iter().all(Result::is_ok) {
+            return answers.into_iter().collect();
+        }
+        // Some items failed (their node down, say): the caller gets an
+        // error and no tokens, so the claims this call did make are
+        // released rather than left to block their keys for a lease.
+        let made = items.iter().zip(&answers).filter_map(|(item, a)| match a {
+            Ok(Begin::Acquired(claim)) => Some(self.inner.release(&item.key, claim.token)),
+            _ => None,
+        });
+        for undone in futures_util::future::join_all(made).await {
+            if let Err(e) = undone {
+                tracing::warn!(error = %e, "a claim of a failed begin_many stays until its lease ends");
+            }
+        }
+        answers.into_iter().collect()
     }
 
     async fn complete_many(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {
@@ -338,7 +369,9 @@ impl Store for RedisStore {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        self.inner.complete_items(items).await
+        // On an error, the items that were done stay done: sent again by
+        // their tokens, they answer Ok.
+        self.inner.complete_items(items).await.into_iter().collect()
     }
 
     async fn scan(&self, query: &ScanQuery) -> Result<Vec<Entry>, StoreError> {
@@ -360,7 +393,13 @@ impl Store for RedisStore {
                 .iter()
                 .map(|k| redis::cmd("GET").arg(k).clone())
                 .collect();
-            let records = self.inner.pipelined(&self.inner.conn, &cmds, &keys).await?;
+            let records = self
+                .inner
+                .pipelined(&self.inner.conn, &cmds, &keys)
+                .await
+                .into_iter()
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(unavailable)?;
             for ((inner, _), v) in chunk.iter().zip(&records) {
                 // Gone (expired) between SCAN and GET: absent.
                 let Some(record) = parse_record(v)? else {
