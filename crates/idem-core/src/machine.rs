@@ -47,7 +47,7 @@ pub enum Decision {
     Mismatch,
 }
 
-/// Decides `begin` (DESIGN.md §2).
+/// Decides `begin` (docs/contract.md §2).
 ///
 /// A fingerprint mismatch is reported for live records only: an expired lease
 /// means its holder gave up, and the key is taken over with the new content.
@@ -87,6 +87,13 @@ pub fn decide_begin(
 /// lease runs out at `lease_expires_at`: same token, lease still live.
 pub fn owns(stored: u64, held: u64, lease_expires_at: Timestamp, now: Timestamp) -> bool {
     stored == held && now < lease_expires_at
+}
+
+/// Whether a `complete` by `held` is the retry of the call that completed a
+/// record whose token is `stored` and which is kept until `expires_at`: then
+/// it is answered `Ok` again and changes nothing.
+pub fn completed_by(stored: u64, held: u64, expires_at: Timestamp, now: Timestamp) -> bool {
+    stored == held && now < expires_at
 }
 
 /// Time until `lease_expires_at`, at least 1 ms.

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use idem_core::{Begin, Fenced, Key, Lease, ManualClock, MemoryStore, Record, Store, StoreError};
+use idem_core::{
+    Begin, BeginItem, Fenced, Key, Lease, ManualClock, MemoryStore, Record, Store, StoreError,
+};
 
 fn key(i: usize) -> Key {
     Key::new("mem", format!("k{i}")).unwrap()
@@ -70,6 +72,52 @@ async fn capacity_limit_refuses_new_keys_and_never_drops_live_ones() {
     );
     clock.advance(Duration::from_secs(6));
     acquire(&store, &key(4)).await.unwrap();
+}
+
+/// A batch that does not fit a full store is refused whole: no item is
+/// acquired, and a batch that fits (existing keys need no room) still runs.
+#[tokio::test]
+async fn batch_that_does_not_fit_acquires_nothing() {
+    let store = MemoryStore::builder()
+        .capacity(4)
+        .sweep_interval(None)
+        .build();
+    acquire(&store, &key(0)).await.unwrap();
+    acquire(&store, &key(1)).await.unwrap();
+    let items = |keys: &[usize]| -> Vec<BeginItem> {
+        keys.iter()
+            .map(|&i| BeginItem {
+                key: key(i),
+                fingerprint: None,
+                lease: Lease::from_secs(10),
+            })
+            .collect()
+    };
+    // Two held keys and three new ones: one more record than there is room.
+    let err = store
+        .begin_many(&items(&[0, 2, 1, 3, 4]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::CapacityExceeded { limit: 4 }),
+        "{err}"
+    );
+    for i in 2..5 {
+        assert_eq!(store.get(&key(i)).await.unwrap(), None, "k{i} was acquired");
+    }
+    assert_eq!(store.len(), 2);
+    // Held keys and two new ones fit exactly.
+    let begun = store.begin_many(&items(&[0, 2, 1, 3])).await.unwrap();
+    assert!(matches!(begun[0], Begin::InProgress { .. }), "{begun:?}");
+    assert!(matches!(begun[1], Begin::Acquired(_)), "{begun:?}");
+    assert!(matches!(begun[3], Begin::Acquired(_)), "{begun:?}");
+    assert_eq!(store.len(), 4);
+    assert!(
+        store
+            .begin(&key(5), None, Lease::from_secs(10))
+            .await
+            .is_err()
+    );
 }
 
 #[tokio::test]

@@ -2,9 +2,9 @@
 //!
 //! Only completed records must survive a crash, so claims never touch the
 //! disk: a restart loses them, which acts as the expiry of their leases (the
-//! holders' tokens are stale afterwards, since tokens stay monotonic). Each
-//! shard's lock also serializes everything the store does for the shard's
-//! keys, disk reads and the hand-off to the committer included.
+//! holders' tokens are stale afterwards, since tokens stay monotonic). Disk
+//! reads happen outside the shard locks; a shard counts the completions it
+//! has finished, so a reader can tell whether one landed while it read.
 
 use std::hash::{BuildHasher, Hasher};
 
@@ -12,6 +12,11 @@ use foldhash::fast::RandomState;
 use hashbrown::HashMap;
 use idem_core::{Fingerprint, Key, Timestamp};
 use parking_lot::{Mutex, MutexGuard};
+use tokio::sync::oneshot;
+
+/// What waits for a completion in flight: a retried `complete` by the same
+/// token, answered when the committer has written (or failed to write) it.
+pub type Waiter = oneshot::Sender<Result<(), String>>;
 
 pub struct Claim {
     pub token: u64,
@@ -19,12 +24,19 @@ pub struct Claim {
     pub lease_expires_at: Timestamp,
     pub attempts: u32,
     pub started_at: Timestamp,
-    /// `complete` has handed the record to the committer and waits for its
-    /// fsync: the key answers `InProgress` and cannot be taken over.
+    /// `complete` has handed the record to the committer, which drops the
+    /// claim once the record is durable: until then the key answers
+    /// `InProgress` and cannot be taken over.
     pub completing: bool,
+    pub waiters: Vec<Waiter>,
 }
 
-pub type Shard = HashMap<Box<[u8]>, Claim, RandomState>;
+#[derive(Default)]
+pub struct Shard {
+    pub claims: HashMap<Box<[u8]>, Claim, RandomState>,
+    /// Completions written and finished in this shard so far.
+    pub finished: u64,
+}
 
 pub struct Claims {
     shards: Box<[Mutex<Shard>]>,
@@ -36,7 +48,12 @@ impl Claims {
         let hasher = RandomState::default();
         Self {
             shards: (0..shards.next_power_of_two())
-                .map(|_| Mutex::new(HashMap::with_hasher(hasher.clone())))
+                .map(|_| {
+                    Mutex::new(Shard {
+                        claims: HashMap::with_hasher(hasher.clone()),
+                        finished: 0,
+                    })
+                })
                 .collect(),
             hasher,
         }
@@ -52,6 +69,30 @@ impl Claims {
 
     pub fn shards(&self) -> impl Iterator<Item = &Mutex<Shard>> {
         self.shards.iter()
+    }
+
+    /// After the committer wrote (or failed to write) the record `token`
+    /// completes: drops the claim, or makes it ownable again (the store has
+    /// failed by then anyway), and answers whoever waits for it.
+    pub fn finish_completing(&self, key: &[u8], token: u64, written: &Result<(), String>) {
+        let mut shard = self.lock(key);
+        let Some(c) = shard.claims.get_mut(key) else {
+            return;
+        };
+        if c.token != token {
+            return;
+        }
+        let waiters = std::mem::take(&mut c.waiters);
+        if written.is_ok() {
+            shard.claims.remove(key);
+            shard.finished += 1;
+        } else {
+            c.completing = false;
+        }
+        drop(shard);
+        for w in waiters {
+            let _ = w.send(written.clone());
+        }
     }
 }
 

@@ -3,14 +3,19 @@
 //!
 //! Callers hand over their writes and wait. The thread takes everything that
 //! is waiting (up to a limit), writes it as one atomic batch, makes it durable
-//! with one fsync, and answers every caller. While it syncs, the next group
-//! fills up, so the number of operations per fsync grows with the load.
+//! with one fsync, finishes their claims and answers every caller. While it
+//! syncs, the next group fills up, so the number of operations per fsync
+//! grows with the load. It also deletes expired records for the sweeper, so
+//! that every write to `records` happens on this one thread.
 
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 
 use fjall::{Database, Keyspace, PersistMode, Slice};
 use tokio::sync::oneshot;
+
+use crate::claims::Claims;
+use crate::codec::{decode_completed, split_expiry_key};
 
 /// How an acknowledged `complete` is made durable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -29,76 +34,133 @@ pub enum Durability {
     Buffered,
 }
 
-/// One completed record to write, with its expiry index entry. Built by the
-/// caller as engine slices, so the committer thread only moves them.
+/// One completed record to write, with its expiry index entry and the token
+/// whose claim it finishes. Built by the caller as engine slices, so the
+/// committer thread only moves them.
 pub struct Put {
     pub key: Slice,
     pub value: Slice,
     pub expiry: Slice,
+    pub token: u64,
 }
 
-pub struct Job {
-    pub puts: Vec<Put>,
-    pub done: oneshot::Sender<Result<(), String>>,
+/// What the committer thread does, in the order it receives them.
+pub enum Job {
+    /// Write completed records durably, finish their claims, then answer.
+    /// The claims are finished here, not by the caller, so a caller that
+    /// stops waiting (its future dropped) leaves no claim behind.
+    Put {
+        puts: Vec<Put>,
+        done: oneshot::Sender<Result<(), String>>,
+    },
+    /// Delete the records these expiry index entries name, where the record
+    /// still carries the indexed expiry, and the entries themselves. Done by
+    /// the only thread that writes records, so a record written after the
+    /// sweeper read the index is never deleted by an old entry.
+    Sweep {
+        due: Vec<Slice>,
+        done: std::sync::mpsc::SyncSender<Result<usize, String>>,
+    },
 }
+
+/// One caller's puts and where its answer goes.
+type Written = (Vec<Put>, oneshot::Sender<Result<(), String>>);
 
 const MAX_GROUP_PUTS: usize = 16 * 1024;
 
-pub fn spawn(
-    db: Database,
-    records: Keyspace,
-    expiry: Keyspace,
-    durability: Durability,
-) -> std::io::Result<(mpsc::Sender<Job>, JoinHandle<()>)> {
+/// The committer's view of the store.
+pub struct Engine {
+    pub db: Database,
+    pub records: Keyspace,
+    pub expiry: Keyspace,
+    pub claims: Arc<Claims>,
+    pub durability: Durability,
+}
+
+pub fn spawn(engine: Engine) -> std::io::Result<(mpsc::Sender<Job>, JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel::<Job>();
     let thread = std::thread::Builder::new()
         .name("idem-file-committer".into())
         .spawn(move || {
-            let max_puts = match durability {
+            let max_puts = match engine.durability {
                 Durability::Immediate => 1,
                 _ => MAX_GROUP_PUTS,
             };
+            let mut later = None;
             // Ends when every sender is gone, after answering what it took.
-            while let Ok(first) = rx.recv() {
-                let mut puts = first.puts.len();
-                let mut group = vec![first];
-                while puts < max_puts {
+            while let Some(first) = later.take().or_else(|| rx.recv().ok()) {
+                let (puts, done) = match first {
+                    Job::Put { puts, done } => (puts, done),
+                    Job::Sweep { due, done } => {
+                        let _ = done.send(engine.sweep(&due).map_err(|e| e.to_string()));
+                        continue;
+                    }
+                };
+                let mut count = puts.len();
+                let mut group = vec![(puts, done)];
+                while count < max_puts {
                     match rx.try_recv() {
-                        Ok(job) => {
-                            puts += job.puts.len();
-                            group.push(job);
+                        Ok(Job::Put { puts, done }) => {
+                            count += puts.len();
+                            group.push((puts, done));
+                        }
+                        Ok(sweep) => {
+                            later = Some(sweep);
+                            break;
                         }
                         Err(_) => break,
                     }
                 }
-                let result = write_group(&db, &records, &expiry, &mut group, durability)
-                    .map_err(|e| e.to_string());
-                for job in group {
-                    let _ = job.done.send(result.clone());
-                }
+                engine.write_group(group);
             }
         })?;
     Ok((tx, thread))
 }
 
-fn write_group(
-    db: &Database,
-    records: &Keyspace,
-    expiry: &Keyspace,
-    group: &mut [Job],
-    durability: Durability,
-) -> fjall::Result<()> {
-    let mut batch = db.batch();
-    for put in group.iter_mut().flat_map(|j| j.puts.drain(..)) {
-        batch.insert(records, put.key, put.value);
-        batch.insert(expiry, put.expiry, Slice::empty());
+impl Engine {
+    fn write_group(&self, group: Vec<Written>) {
+        let result = self.write(&group).map_err(|e| e.to_string());
+        for (puts, done) in group {
+            for put in &puts {
+                self.claims.finish_completing(&put.key, put.token, &result);
+            }
+            let _ = done.send(result.clone());
+        }
     }
-    batch.commit()?;
-    // The journal is persisted by hand (`manual_journal_persist`): even the
-    // buffered mode must hand the batch to the operating system before it
-    // acknowledges, or a killed process would lose it.
-    db.persist(match durability {
-        Durability::Buffered => PersistMode::Buffer,
-        Durability::GroupCommit | Durability::Immediate => PersistMode::SyncData,
-    })
+
+    fn write(&self, group: &[Written]) -> fjall::Result<()> {
+        let mut batch = self.db.batch();
+        for put in group.iter().flat_map(|(puts, _)| puts) {
+            batch.insert(&self.records, put.key.clone(), put.value.clone());
+            batch.insert(&self.expiry, put.expiry.clone(), Slice::empty());
+        }
+        batch.commit()?;
+        // The journal is persisted by hand (`manual_journal_persist`): even the
+        // buffered mode must hand the batch to the operating system before it
+        // acknowledges, or a killed process would lose it.
+        self.db.persist(match self.durability {
+            Durability::Buffered => PersistMode::Buffer,
+            Durability::GroupCommit | Durability::Immediate => PersistMode::SyncData,
+        })
+    }
+
+    /// Deletes what `due` names and is still due; returns how many records
+    /// went. Not synced: a delete lost in a crash is redone by a later
+    /// sweep, and reads treat an expired record as absent meanwhile.
+    fn sweep(&self, due: &[Slice]) -> fjall::Result<usize> {
+        let mut batch = self.db.batch();
+        let mut removed = 0;
+        for index_key in due {
+            if let Some((expires_at, enc)) = split_expiry_key(index_key)
+                && let Some(v) = self.records.get(enc)?
+                && decode_completed(&v).is_ok_and(|r| r.expires_at == expires_at)
+            {
+                batch.remove(&self.records, enc);
+                removed += 1;
+            }
+            batch.remove(&self.expiry, index_key.clone());
+        }
+        batch.commit()?;
+        Ok(removed)
+    }
 }

@@ -53,9 +53,10 @@ use idem_core::{
 use tokio::sync::oneshot;
 
 use self::claims::{Claim, Claims, encoded};
-use self::codec::{decode_completed, encode_completed, expiry_key, split_expiry_key};
+use self::codec::{decode_completed, encode_completed, expiry_key};
 pub use self::commit::Durability;
 use self::commit::{Job, Put};
+use parking_lot::MutexGuard;
 
 /// Why a file store could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -102,7 +103,7 @@ struct Inner {
     db: Database,
     records: Keyspace,
     expiry: Keyspace,
-    claims: Claims,
+    claims: Arc<Claims>,
     tokens: tokens::TokenSequence,
     /// `None` only while dropping.
     committer: Option<mpsc::Sender<Job>>,
@@ -203,18 +204,23 @@ impl FileStoreBuilder {
             .keyspace("meta", KeyspaceCreateOptions::default)
             .map_err(engine)?;
         let tokens = tokens::TokenSequence::open(&db, &meta).map_err(engine)?;
-        let (committer, committer_thread) =
-            commit::spawn(db.clone(), records.clone(), expiry.clone(), self.durability).map_err(
-                |source| OpenError::Thread {
-                    what: "committer",
-                    source,
-                },
-            )?;
+        let claims = Arc::new(Claims::new(64));
+        let (committer, committer_thread) = commit::spawn(commit::Engine {
+            db: db.clone(),
+            records: records.clone(),
+            expiry: expiry.clone(),
+            claims: claims.clone(),
+            durability: self.durability,
+        })
+        .map_err(|source| OpenError::Thread {
+            what: "committer",
+            source,
+        })?;
         let inner = Arc::new(Inner {
             db,
             records,
             expiry,
-            claims: Claims::new(64),
+            claims,
             tokens,
             committer: Some(committer),
             committer_thread: Some(committer_thread),
@@ -306,78 +312,83 @@ impl Inner {
         StoreError::unavailable(why)
     }
 
-    /// The live completed record for `encoded`, if any.
-    fn read_completed(
-        &self,
-        encoded: &[u8],
-        now: Timestamp,
-    ) -> Result<Option<Completed>, StoreError> {
-        let Some(value) = self.records.get(encoded).map_err(StoreError::unavailable)? else {
-            return Ok(None);
-        };
-        let record = decode_completed(&value).map_err(|e| corrupt(encoded, e))?;
-        Ok((record.expires_at > now).then_some(record))
+    /// The completed record stored for `encoded`, live or not.
+    fn read_completed(&self, encoded: &[u8]) -> Result<Option<Completed>, StoreError> {
+        let value = self.records.get(encoded).map_err(StoreError::unavailable)?;
+        value
+            .map(|v| decode_completed(&v).map_err(|e| corrupt(encoded, e)))
+            .transpose()
     }
 
+    /// Reads the record of `enc` without holding its shard's lock (a read
+    /// may wait for the disk), then locks the shard. If a completion
+    /// finished in that shard meanwhile (rare), reads once more under the
+    /// lock, so what it returns is current while the lock is held.
+    fn read_then_lock(
+        &self,
+        enc: &[u8],
+    ) -> Result<(MutexGuard<'_, claims::Shard>, Option<Completed>), StoreError> {
+        let finished = self.claims.lock(enc).finished;
+        let stored = self.read_completed(enc)?;
+        let shard = self.claims.lock(enc);
+        if shard.finished == finished {
+            return Ok((shard, stored));
+        }
+        let stored = self.read_completed(enc)?;
+        Ok((shard, stored))
+    }
+
+    /// `begin` decided in memory when the key has a claim; `None` when the
+    /// stored record must be read.
+    fn begin_in_memory(
+        &self,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        lease: Lease,
+    ) -> Result<Option<Begin>, StoreError> {
+        self.limits.check_begin(key, lease)?;
+        self.check_healthy()?;
+        let enc = encoded(key);
+        let mut shard = self.claims.lock(&enc);
+        if !shard.claims.contains_key(&enc) {
+            return Ok(None);
+        }
+        self.begin_held(&mut shard, enc, fingerprint, lease)
+            .map(Some)
+    }
+
+    /// `begin`, reading the stored record if need be: call it off the async
+    /// workers.
     fn begin(
         &self,
         key: &Key,
         fingerprint: Option<Fingerprint>,
         lease: Lease,
     ) -> Result<Begin, StoreError> {
-        self.limits.check_begin(key, lease)?;
-        self.check_healthy()?;
+        if let Some(answer) = self.begin_in_memory(key, fingerprint, lease)? {
+            return Ok(answer);
+        }
         let enc = encoded(key);
-        let mut shard = self.claims.lock(&enc);
+        let (mut shard, stored) = self.read_then_lock(&enc)?;
+        if shard.claims.contains_key(&enc) {
+            // Claimed while the record was read.
+            return self.begin_held(&mut shard, enc, fingerprint, lease);
+        }
         let now = self.clock.now();
-        let mut replay = None;
-        let current = match shard.get(&enc) {
-            Some(c) if c.completing => {
-                return Ok(Begin::InProgress {
-                    retry_after: machine::retry_after(c.lease_expires_at, now),
-                });
-            }
-            Some(c) => Current::InProgress {
-                fingerprint: c.fingerprint,
-                lease_expires_at: c.lease_expires_at,
-                attempts: c.attempts,
-            },
-            None => match self.read_completed(&enc, now)? {
-                Some(r) => {
-                    let current = Current::Completed {
-                        fingerprint: r.fingerprint,
-                    };
-                    replay = Some(r);
-                    current
-                }
-                None => Current::Absent,
-            },
-        };
+        let live = stored.filter(|r| r.expires_at > now);
+        let current = live
+            .as_ref()
+            .map_or(Current::Absent, |r| Current::Completed {
+                fingerprint: r.fingerprint,
+            });
         match machine::decide_begin(current, fingerprint, now) {
             Decision::Acquire { attempt } => {
-                let token = self.tokens.next().map_err(|e| self.engine_failed(e))?;
-                let lease_expires_at = now.after(lease.duration());
-                shard.insert(
-                    enc,
-                    Claim {
-                        token,
-                        fingerprint,
-                        lease_expires_at,
-                        attempts: attempt,
-                        started_at: now,
-                        completing: false,
-                    },
-                );
-                Ok(Begin::Acquired(Acquired {
-                    token: FencingToken::new(token),
-                    lease_expires_at,
-                    attempt,
-                }))
+                self.acquire(&mut shard, enc, fingerprint, lease, attempt, now)
             }
             Decision::Wait { retry_after } => Ok(Begin::InProgress { retry_after }),
             Decision::Mismatch => Ok(Begin::Mismatch),
             Decision::Replay => {
-                let r = replay.expect("a completed record was read");
+                let r = live.expect("a completed record was read");
                 Ok(Begin::Completed {
                     outcome: r.outcome,
                     completed_at: r.completed_at,
@@ -386,91 +397,181 @@ impl Inner {
         }
     }
 
-    /// Marks the claim `token` owns as completing and builds its write, or
-    /// answers `None` (stale).
-    fn start_completing(
+    /// `begin` on a key that has a claim: decided in memory.
+    fn begin_held(
         &self,
-        key: &Key,
-        token: FencingToken,
-        outcome: Option<Bytes>,
-        retention: Duration,
-    ) -> Option<Put> {
-        let enc = encoded(key);
+        shard: &mut claims::Shard,
+        enc: Box<[u8]>,
+        fingerprint: Option<Fingerprint>,
+        lease: Lease,
+    ) -> Result<Begin, StoreError> {
+        let now = self.clock.now();
+        let c = shard.claims.get(&enc).expect("the key has a claim");
+        if c.completing {
+            return Ok(Begin::InProgress {
+                retry_after: machine::retry_after(c.lease_expires_at, now),
+            });
+        }
+        let current = Current::InProgress {
+            fingerprint: c.fingerprint,
+            lease_expires_at: c.lease_expires_at,
+            attempts: c.attempts,
+        };
+        match machine::decide_begin(current, fingerprint, now) {
+            Decision::Acquire { attempt } => {
+                self.acquire(shard, enc, fingerprint, lease, attempt, now)
+            }
+            Decision::Wait { retry_after } => Ok(Begin::InProgress { retry_after }),
+            Decision::Mismatch => Ok(Begin::Mismatch),
+            Decision::Replay => unreachable!("a claim is never a completed record"),
+        }
+    }
+
+    fn acquire(
+        &self,
+        shard: &mut claims::Shard,
+        enc: Box<[u8]>,
+        fingerprint: Option<Fingerprint>,
+        lease: Lease,
+        attempt: u32,
+        now: Timestamp,
+    ) -> Result<Begin, StoreError> {
+        let token = self.tokens.next().map_err(|e| self.engine_failed(e))?;
+        let lease_expires_at = now.after(lease.duration());
+        shard.claims.insert(
+            enc,
+            Claim {
+                token,
+                fingerprint,
+                lease_expires_at,
+                attempts: attempt,
+                started_at: now,
+                completing: false,
+                waiters: Vec::new(),
+            },
+        );
+        Ok(Begin::Acquired(Acquired {
+            token: FencingToken::new(token),
+            lease_expires_at,
+            attempt,
+        }))
+    }
+
+    /// What `complete` of one item does first, under its shard's lock.
+    fn start_completing(&self, item: &CompleteItem) -> Completing {
+        let enc = encoded(&item.key);
         let mut shard = self.claims.lock(&enc);
         let now = self.clock.now();
-        let claim = shard.get_mut(&enc)?;
-        if claim.completing || !machine::owns(claim.token, token.get(), claim.lease_expires_at, now)
-        {
-            return None;
+        let token = item.token;
+        let Some(claim) = shard.claims.get_mut(&enc) else {
+            // No claim: completed already (a retry), or stale. A record for
+            // this token can no longer appear: its claim would still be here.
+            return Completing::Check(enc);
+        };
+        if claim.token != token.get() {
+            return Completing::Done(Fenced::Stale);
+        }
+        if claim.completing {
+            let (tx, rx) = oneshot::channel();
+            claim.waiters.push(tx);
+            return Completing::Wait(rx);
+        }
+        if !machine::owns(claim.token, token.get(), claim.lease_expires_at, now) {
+            return Completing::Done(Fenced::Stale);
         }
         claim.completing = true;
         let record = Completed {
             token,
             fingerprint: claim.fingerprint,
-            outcome,
+            outcome: item.outcome.clone(),
             completed_at: now,
-            expires_at: now.after(retention),
+            expires_at: now.after(item.retention),
         };
-        Some(Put {
+        Completing::Write(Put {
             expiry: expiry_key(record.expires_at, &enc).into(),
             value: encode_completed(&record).into(),
             key: enc.into_vec().into(),
+            token: token.get(),
         })
     }
 
-    /// After the committer answered: drop the claim (success) or make it
-    /// ownable again (failure; the store is failed by then anyway).
-    fn finish_completing(&self, key: &[u8], token: FencingToken, written: bool) {
-        let mut shard = self.claims.lock(key);
-        if let Some(c) = shard.get_mut(key)
-            && c.token == token.get()
-        {
-            if written {
-                shard.remove(key);
-            } else {
-                c.completing = false;
-            }
-        }
-    }
-
-    async fn commit(&self, puts: Vec<Put>) -> Result<(), StoreError> {
-        let (done, answer) = oneshot::channel();
+    fn send(&self, job: Job) -> Result<(), StoreError> {
         self.committer
             .as_ref()
             .expect("the store is open")
-            .send(Job { puts, done })
-            .map_err(|_| self.engine_failed("the committer thread has stopped"))?;
-        match answer.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(self.engine_failed(e)),
-            Err(_) => Err(self.engine_failed("the committer thread has stopped")),
-        }
+            .send(job)
+            .map_err(|_| self.engine_failed("the committer thread has stopped"))
     }
 
-    async fn complete_many(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {
+    /// Completes every item. Each item's effect is decided, and the writes
+    /// are handed to the committer, before the first await: a caller that
+    /// stops waiting leaves full effect (the committer writes and finishes
+    /// the claims) or, dropped before its first poll, none.
+    async fn complete_many(
+        self: &Arc<Self>,
+        items: &[CompleteItem],
+    ) -> Result<Vec<Fenced>, StoreError> {
         self.check_healthy()?;
-        let mut answers = Vec::with_capacity(items.len());
-        let mut puts = Vec::new();
-        let mut owned = Vec::new();
-        for item in items {
-            match self.start_completing(&item.key, item.token, item.outcome.clone(), item.retention)
-            {
-                Some(put) => {
-                    owned.push((put.key.clone(), item.token));
+        let steps: Vec<Completing> = items.iter().map(|i| self.start_completing(i)).collect();
+        let puts: Vec<Put> = Vec::new();
+        let (mut puts, mut answers) = (puts, Vec::with_capacity(items.len()));
+        let mut pending = Vec::new();
+        for (i, step) in steps.into_iter().enumerate() {
+            match step {
+                Completing::Write(put) => {
                     puts.push(put);
                     answers.push(Fenced::Ok(()));
                 }
-                None => answers.push(Fenced::Stale),
+                Completing::Done(answer) => answers.push(answer),
+                other => {
+                    pending.push((i, other));
+                    answers.push(Fenced::Stale);
+                }
             }
         }
-        if puts.is_empty() {
-            return Ok(answers);
+        let written = if puts.is_empty() {
+            None
+        } else {
+            let (done, answer) = oneshot::channel();
+            self.send(Job::Put { puts, done })?;
+            Some(answer)
+        };
+        for (i, step) in pending {
+            answers[i] = match step {
+                Completing::Wait(rx) => match rx.await {
+                    Ok(Ok(())) => Fenced::Ok(()),
+                    Ok(Err(e)) => return Err(self.engine_failed(e)),
+                    Err(_) => return Err(self.engine_failed("the committer thread has stopped")),
+                },
+                Completing::Check(enc) => {
+                    let stored =
+                        off_workers(self, move |inner| inner.read_completed(&enc)).await??;
+                    let now = self.clock.now();
+                    match stored {
+                        Some(r)
+                            if machine::completed_by(
+                                r.token.get(),
+                                items[i].token.get(),
+                                r.expires_at,
+                                now,
+                            ) =>
+                        {
+                            Fenced::Ok(())
+                        }
+                        _ => Fenced::Stale,
+                    }
+                }
+                Completing::Write(_) | Completing::Done(_) => unreachable!("answered above"),
+            };
         }
-        let written = self.commit(puts).await;
-        for (key, token) in &owned {
-            self.finish_completing(key, *token, written.is_ok());
+        if let Some(answer) = written {
+            match answer.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(self.engine_failed(e)),
+                Err(_) => return Err(self.engine_failed("the committer thread has stopped")),
+            }
         }
-        written.map(|()| answers)
+        Ok(answers)
     }
 
     fn with_owned<T>(
@@ -483,7 +584,7 @@ impl Inner {
         let enc = encoded(key);
         let mut shard = self.claims.lock(&enc);
         let now = self.clock.now();
-        let owned = shard.get(&enc).is_some_and(|c| {
+        let owned = shard.claims.get(&enc).is_some_and(|c| {
             !c.completing && machine::owns(c.token, token.get(), c.lease_expires_at, now)
         });
         Ok(if owned {
@@ -497,13 +598,12 @@ impl Inner {
         self.limits.check_key(key)?;
         self.check_healthy()?;
         let enc = encoded(key);
-        let shard = self.claims.lock(&enc);
-        if let Some(c) = shard.get(&enc) {
+        let (shard, stored) = self.read_then_lock(&enc)?;
+        if let Some(c) = shard.claims.get(&enc) {
             return Ok(Some(in_progress(c)));
         }
-        Ok(self
-            .read_completed(&enc, self.clock.now())?
-            .map(Record::Completed))
+        let now = self.clock.now();
+        Ok(stored.filter(|r| r.expires_at > now).map(Record::Completed))
     }
 
     fn scan(&self, query: &ScanQuery) -> Result<Vec<Entry>, StoreError> {
@@ -514,7 +614,7 @@ impl Inner {
         let now = self.clock.now();
         let mut found = std::collections::BTreeMap::<Vec<u8>, Record>::new();
         for shard in self.claims.shards() {
-            for (k, c) in shard.lock().iter() {
+            for (k, c) in shard.lock().claims.iter() {
                 if k.starts_with(&prefix) && past_cursor(k) {
                     let record = in_progress(c);
                     if query.admits(&record) {
@@ -552,13 +652,14 @@ impl Inner {
             .collect()
     }
 
-    /// Removes completed records past retention (following the expiry index)
-    /// and claims abandoned longer than `abandoned_retention`.
+    /// Removes completed records past retention (following the expiry index;
+    /// the committer deletes them) and claims abandoned longer than
+    /// `abandoned_retention`.
     fn sweep(&self) -> Result<usize, StoreError> {
         self.check_healthy()?;
         let now = self.clock.now();
         for shard in self.claims.shards() {
-            shard.lock().retain(|_, c| {
+            shard.lock().claims.retain(|_, c| {
                 c.completing || c.lease_expires_at.after(self.abandoned_retention) > now
             });
         }
@@ -575,35 +676,43 @@ impl Inner {
             if due.is_empty() {
                 return Ok(removed);
             }
-            let mut batch = self.db.batch();
-            for index_key in &due {
-                let Some((expires_at, enc)) = split_expiry_key(index_key) else {
-                    batch.remove(&self.expiry, index_key.clone());
-                    continue;
-                };
-                // Under the key's lock: a claim means a new record may be on
-                // its way, so leave both for a later sweep.
-                let shard = self.claims.lock(enc);
-                if shard.contains_key(enc) {
-                    continue;
-                }
-                let stored = self.records.get(enc).map_err(StoreError::unavailable)?;
-                if let Some(v) = stored
-                    && decode_completed(&v).is_ok_and(|r| r.expires_at == expires_at)
-                {
-                    batch.remove(&self.records, enc);
-                    removed += 1;
-                }
-                batch.remove(&self.expiry, index_key.clone());
-                drop(shard);
-            }
-            let progressed = !batch.is_empty();
-            batch.commit().map_err(StoreError::unavailable)?;
-            if !progressed {
-                return Ok(removed);
-            }
+            let (done, answer) = std::sync::mpsc::sync_channel(1);
+            self.send(Job::Sweep { due, done })?;
+            removed += answer
+                .recv()
+                .map_err(|_| self.engine_failed("the committer thread has stopped"))?
+                .map_err(StoreError::unavailable)?;
         }
     }
+}
+
+/// Runs `work` on Tokio's blocking pool when there is a runtime, so that a
+/// read that waits for the disk never stalls an async worker; else here.
+async fn off_workers<T: Send + 'static>(
+    inner: &Arc<Inner>,
+    work: impl FnOnce(&Inner) -> T + Send + 'static,
+) -> Result<T, StoreError> {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return Ok(work(inner));
+    };
+    let inner = inner.clone();
+    match runtime.spawn_blocking(move || work(&inner)).await {
+        Ok(v) => Ok(v),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(StoreError::unavailable(e)),
+    }
+}
+
+/// The first step of completing one item.
+enum Completing {
+    /// Write this record; the answer is `Ok` once it is durable.
+    Write(Put),
+    /// Answered already.
+    Done(Fenced),
+    /// The same token's completion is in flight: its result is the answer.
+    Wait(oneshot::Receiver<Result<(), String>>),
+    /// No claim: `Ok` if the stored record was completed by this token.
+    Check(Box<[u8]>),
 }
 
 fn in_progress(c: &Claim) -> Record {
@@ -617,15 +726,32 @@ fn in_progress(c: &Claim) -> Record {
 }
 
 impl Store for FileStore {
+    /// # Cancel safety
+    ///
+    /// Dropped mid-way, it has acquired the key or not; an acquired claim
+    /// nobody heard of is taken over once its lease runs out.
     async fn begin(
         &self,
         key: &Key,
         fingerprint: Option<Fingerprint>,
         lease: Lease,
     ) -> Result<Begin, StoreError> {
-        self.inner.begin(key, fingerprint, lease)
+        if let Some(answer) = self.inner.begin_in_memory(key, fingerprint, lease)? {
+            return Ok(answer);
+        }
+        let key = key.clone();
+        off_workers(&self.inner, move |inner| {
+            inner.begin(&key, fingerprint, lease)
+        })
+        .await?
     }
 
+    /// # Cancel safety
+    ///
+    /// The record is handed to the committer in the first poll, and the
+    /// committer finishes the claim itself: dropped after that, the
+    /// completion still happens, and a retry by the same token is answered
+    /// `Ok` once it is durable.
     async fn complete(
         &self,
         key: &Key,
@@ -649,13 +775,19 @@ impl Store for FileStore {
         Ok(answers.pop().expect("one answer per item"))
     }
 
+    /// # Cancel safety
+    ///
+    /// Takes effect in its first poll (memory only).
     async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
         self.inner.limits.check_key(key)?;
         self.inner.with_owned(key, token, |shard, enc, _| {
-            shard.remove(&enc);
+            shard.claims.remove(&enc);
         })
     }
 
+    /// # Cancel safety
+    ///
+    /// Takes effect in its first poll (memory only).
     async fn extend(
         &self,
         key: &Key,
@@ -664,31 +796,51 @@ impl Store for FileStore {
     ) -> Result<Fenced<Timestamp>, StoreError> {
         self.inner.limits.check_begin(key, lease)?;
         self.inner.with_owned(key, token, |shard, enc, now| {
-            let claim = shard.get_mut(&enc).expect("the claim is owned");
+            let claim = shard.claims.get_mut(&enc).expect("the claim is owned");
             claim.lease_expires_at = now.after(lease.duration());
             claim.lease_expires_at
         })
     }
 
+    /// # Cancel safety
+    ///
+    /// Reads only.
     async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key)
+        let key = key.clone();
+        off_workers(&self.inner, move |inner| inner.get(&key)).await?
     }
 
+    /// # Cancel safety
+    ///
+    /// As [`begin`](Store::begin), item by item: dropped mid-way, a prefix
+    /// of the items may have been begun.
     async fn begin_many(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
         self.inner.limits.check_begin_items(items)?;
-        items
-            .iter()
-            .map(|i| self.inner.begin(&i.key, i.fingerprint, i.lease))
-            .collect()
+        let items = items.to_vec();
+        off_workers(&self.inner, move |inner| {
+            items
+                .iter()
+                .map(|i| inner.begin(&i.key, i.fingerprint, i.lease))
+                .collect()
+        })
+        .await?
     }
 
+    /// # Cancel safety
+    ///
+    /// As [`complete`](Store::complete): every item's effect is decided in
+    /// the first poll.
     async fn complete_many(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {
         self.inner.limits.check_complete_items(items)?;
         self.inner.complete_many(items).await
     }
 
+    /// # Cancel safety
+    ///
+    /// Reads only.
     async fn scan(&self, query: &ScanQuery) -> Result<Vec<Entry>, StoreError> {
-        self.inner.scan(query)
+        let query = query.clone();
+        off_workers(&self.inner, move |inner| inner.scan(&query)).await?
     }
 
     fn limits(&self) -> &Limits {

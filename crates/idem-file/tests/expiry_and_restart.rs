@@ -21,6 +21,65 @@ async fn finish(store: &FileStore, key: &Key, outcome: &'static str, retention: 
     assert_eq!(done, Fenced::Ok(()));
 }
 
+/// Keys whose records expired are done again while sweeps run: no new
+/// record may be deleted by a sweep that read the old index entry before
+/// the new record was written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_written_while_a_sweep_runs_survive_it() {
+    let dir = dir();
+    let clock = ManualClock::new();
+    let store = FileStore::builder(dir.path())
+        .clock(clock.clone())
+        .sweep_interval(None)
+        .durability(idem_file::Durability::Buffered)
+        .open()
+        .unwrap();
+    let keys: Vec<Key> = (0..4096)
+        .map(|i| Key::new("sweep-race", format!("k{i:05}")).unwrap())
+        .collect();
+    for chunk in keys.chunks(10_000) {
+        let items: Vec<idem_core::BeginItem> = chunk
+            .iter()
+            .map(|k| idem_core::BeginItem {
+                key: k.clone(),
+                fingerprint: None,
+                lease: Lease::from_secs(10),
+            })
+            .collect();
+        let claims = store.begin_many(&items).await.unwrap();
+        let completes: Vec<idem_core::CompleteItem> = chunk
+            .iter()
+            .zip(claims)
+            .map(|(k, c)| idem_core::CompleteItem {
+                key: k.clone(),
+                token: acquired(c).token,
+                outcome: Some("old".into()),
+                retention: Duration::from_secs(1),
+            })
+            .collect();
+        store.complete_many(&completes).await.unwrap();
+    }
+    clock.advance(Duration::from_secs(2));
+
+    let sweeper = {
+        let store = store.clone();
+        std::thread::spawn(move || store.sweep().unwrap())
+    };
+    let redo = keys.iter().map(|k| {
+        let store = store.clone();
+        async move { finish(&store, k, "new", Duration::from_secs(100)).await }
+    });
+    futures_util::future::join_all(redo).await;
+    sweeper.join().unwrap();
+    store.sweep().unwrap();
+    for k in &keys {
+        match store.get(k).await.unwrap() {
+            Some(Record::Completed(r)) => assert_eq!(r.outcome.as_deref(), Some(&b"new"[..])),
+            other => panic!("{k}: the new record was swept: {other:?}"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn sweeper_removes_expired_records_and_spares_their_successors() {
     let dir = dir();

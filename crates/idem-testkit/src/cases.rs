@@ -1,4 +1,4 @@
-//! The conformance cases, one per guarantee of DESIGN.md §1–§2. Each asserts
+//! The conformance cases, one per guarantee of docs/contract.md §1–§2. Each asserts
 //! what would break if its guarantee did.
 
 use std::sync::Arc;
@@ -11,6 +11,10 @@ use idem_core::{
 };
 
 use crate::Subject;
+pub use crate::cancel::{
+    operations_dropped_after_one_poll_leave_keys_usable,
+    operations_dropped_at_random_points_leave_keys_usable,
+};
 
 /// Unwraps `Acquired`, failing the test with what came instead.
 pub fn acquired(begin: Begin) -> Claim {
@@ -312,19 +316,23 @@ pub async fn holder_whose_lease_ran_out_is_stale<S: Store + Clone>(s: &Subject<S
     assert_eq!(acquired(begin(s, &key, None, 10).await).attempt, 2);
 }
 
-/// A completed record refuses to be completed, released or extended again.
-pub async fn completed_record_refuses_every_token<S: Store + Clone>(s: &Subject<S>) {
+/// A completed record refuses every other token, and cannot be released or
+/// extended, not even by the token that completed it.
+pub async fn completed_record_refuses_other_tokens<S: Store + Clone>(s: &Subject<S>) {
     let key = s.key("done");
-    let claim = acquired(begin(s, &key, None, 10).await);
+    let (old, claim) = taken_over(s, &key).await;
     assert_eq!(
         complete(s, &key, claim.token, Some("first")).await,
         Fenced::Ok(())
     );
     let before = get(s, &key).await;
-    assert_eq!(
-        complete(s, &key, claim.token, Some("second")).await,
-        Fenced::Stale
-    );
+    let never_issued = FencingToken::new(claim.token.get() + 1_000_000);
+    for other in [old.token, never_issued] {
+        assert_eq!(
+            complete(s, &key, other, Some("second")).await,
+            Fenced::Stale
+        );
+    }
     assert_eq!(
         s.store.release(&key, claim.token).await.unwrap(),
         Fenced::Stale
@@ -337,6 +345,59 @@ pub async fn completed_record_refuses_every_token<S: Store + Clone>(s: &Subject<
             .is_stale()
     );
     assert_eq!(get(s, &key).await, before);
+}
+
+/// A `complete` retried by the token that completed the record (its first
+/// answer was lost) is answered `Ok` again and changes nothing, singly and in
+/// a batch; once the record has expired the token is stale.
+pub async fn complete_retried_by_its_token_is_ok<S: Store + Clone>(s: &Subject<S>) {
+    let key = s.key("retried-complete");
+    let claim = acquired(begin(s, &key, None, 10).await);
+    assert_eq!(
+        complete(s, &key, claim.token, Some("first")).await,
+        Fenced::Ok(())
+    );
+    let before = get(s, &key).await;
+    assert_eq!(
+        complete(s, &key, claim.token, Some("second")).await,
+        Fenced::Ok(()),
+        "a retry by the completing token is answered Ok"
+    );
+    let retry = |token, outcome: &'static str| CompleteItem {
+        key: key.clone(),
+        token,
+        outcome: Some(outcome.into()),
+        retention: s.steps(600),
+    };
+    let forged = FencingToken::new(claim.token.get() + 1_000_000);
+    assert_eq!(
+        s.store
+            .complete_many(&[retry(claim.token, "third"), retry(forged, "forged")])
+            .await
+            .unwrap(),
+        [Fenced::Ok(()), Fenced::Stale]
+    );
+    assert_eq!(get(s, &key).await, before, "a retry changes nothing");
+    match begin(s, &key, None, 10).await {
+        Begin::Completed { outcome, .. } => assert_eq!(outcome.as_deref(), Some(&b"first"[..])),
+        other => panic!("expected the first outcome replayed, got {other:?}"),
+    }
+
+    let short = s.key("retried-complete-expired");
+    let claim = acquired(begin(s, &short, None, 10).await);
+    let done = s
+        .store
+        .complete(&short, claim.token, Some("x".into()), s.steps(2))
+        .await
+        .unwrap();
+    assert_eq!(done, Fenced::Ok(()));
+    s.pass(3).await;
+    assert_eq!(
+        complete(s, &short, claim.token, Some("x")).await,
+        Fenced::Stale,
+        "an expired record is gone, and its token with it"
+    );
+    assert_eq!(get(s, &short).await, None);
 }
 
 /// `release` deletes the record, so a redelivery acquires again (attempt 1,
@@ -528,6 +589,12 @@ pub async fn batch_forms_agree_with_single_forms<S: Store + Clone>(s: &Subject<S
                 outcome: Some("again".into()),
                 retention: s.steps(600),
             },
+            CompleteItem {
+                key: done.clone(),
+                token: FencingToken::new(c.token.get() + 1_000_000),
+                outcome: Some("forged".into()),
+                retention: s.steps(600),
+            },
         ];
         let completed: Vec<Fenced> = if batched {
             s.store.complete_many(&completes).await.unwrap()
@@ -560,7 +627,10 @@ pub async fn batch_forms_agree_with_single_forms<S: Store + Clone>(s: &Subject<S
             "mismatch"
         ]
     );
-    assert_eq!(answers[0].1, [Fenced::Ok(()), Fenced::Stale]);
+    assert_eq!(
+        answers[0].1,
+        [Fenced::Ok(()), Fenced::Ok(()), Fenced::Stale]
+    );
     assert_eq!(answers[0].2, "completed Some(b\"new\")");
     assert!(s.store.begin_many(&[]).await.unwrap().is_empty());
 }
@@ -605,8 +675,10 @@ pub async fn begin_race_has_exactly_one_winner<S: Store + Clone>(s: &Subject<S>)
     }
 }
 
-/// 16 tasks complete one claim at once: exactly one succeeds.
-pub async fn complete_race_has_exactly_one_winner<S: Store + Clone>(s: &Subject<S>) {
+/// 16 tasks complete one claim at once, each with its own outcome: every one
+/// is answered `Ok` (the first applies, the others are retries by the same
+/// token), and exactly one outcome is stored.
+pub async fn complete_race_stores_exactly_one_outcome<S: Store + Clone>(s: &Subject<S>) {
     let key = Arc::new(s.key("complete-race"));
     let claim = acquired(begin(s, &key, None, 60).await);
     let start = Arc::new(tokio::sync::Barrier::new(16));
@@ -625,17 +697,23 @@ pub async fn complete_race_has_exactly_one_winner<S: Store + Clone>(s: &Subject<
             })
         })
         .collect();
-    let mut won = Vec::new();
+    let mut offered = Vec::new();
     for t in tasks {
         let (r, outcome) = t.await.unwrap();
-        if r == Fenced::Ok(()) {
-            won.push(outcome);
-        }
+        assert_eq!(r, Fenced::Ok(()), "every call by the holder is answered Ok");
+        offered.push(outcome);
     }
-    assert_eq!(won.len(), 1, "exactly one complete may succeed");
-    match get(s, &key).await {
-        Some(Record::Completed(r)) => assert_eq!(r.outcome.as_ref(), Some(&won[0])),
+    let stored = match get(s, &key).await {
+        Some(Record::Completed(r)) => r.outcome.expect("an outcome was stored"),
         other => panic!("expected completed, got {other:?}"),
+    };
+    assert!(
+        offered.contains(&stored),
+        "the stored outcome is one offered"
+    );
+    match begin(s, &key, None, 10).await {
+        Begin::Completed { outcome, .. } => assert_eq!(outcome, Some(stored)),
+        other => panic!("expected a replay, got {other:?}"),
     }
 }
 

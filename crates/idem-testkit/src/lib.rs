@@ -16,6 +16,7 @@
 //! manual clock, with every duration scaled to a short unit.
 #![deny(missing_docs)]
 
+pub mod cancel;
 pub mod cases;
 pub mod faults;
 pub mod model;
@@ -137,7 +138,8 @@ macro_rules! conformance_tests {
             stale_token_cannot_extend,
             never_issued_token_is_stale,
             holder_whose_lease_ran_out_is_stale,
-            completed_record_refuses_every_token,
+            completed_record_refuses_other_tokens,
+            complete_retried_by_its_token_is_ok,
             release_lets_a_redelivery_run_again,
             tokens_increase_across_release_takeover_and_expiry,
             extend_pushes_the_lease_out,
@@ -147,10 +149,12 @@ macro_rules! conformance_tests {
             batch_forms_agree_with_single_forms,
             batch_begin_of_one_key_twice_acquires_once,
             begin_race_has_exactly_one_winner,
-            complete_race_has_exactly_one_winner,
+            complete_race_stores_exactly_one_outcome,
             bad_input_is_refused_and_changes_nothing,
             scan_lists_stuck_work,
             random_operations_match_the_model,
+            operations_dropped_after_one_poll_leave_keys_usable,
+            operations_dropped_at_random_points_leave_keys_usable,
         );
     };
     (@cases $subject:expr; $($case:ident),* $(,)?) => {

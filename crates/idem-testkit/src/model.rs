@@ -202,6 +202,11 @@ impl Model {
                 retention,
                 ..
             } => {
+                if matches!(self.live(key), Some(ModelRecord::Completed { token: t, .. }) if *t == token)
+                {
+                    // A retried complete by the completing token: Ok, no change.
+                    return Answer::Fenced(None);
+                }
                 if !self.owned(key, token) {
                     return Answer::Stale;
                 }

@@ -234,16 +234,20 @@ impl Inner {
         removed
     }
 
-    /// Counts one more record, or refuses when the store is full.
-    fn take_room(&self) -> Result<(), StoreError> {
-        let Some(limit) = self.capacity else {
-            return Ok(());
-        };
-        if self.len.fetch_add(1, Ordering::Relaxed) < limit {
-            return Ok(());
+    /// Counts `n` more records, or refuses (counting none) when they do not
+    /// all fit.
+    fn reserve(&self, n: usize) -> Result<Room<'_>, StoreError> {
+        if let Some(limit) = self.capacity {
+            let before = self.len.fetch_add(n, Ordering::Relaxed);
+            if before.saturating_add(n) > limit {
+                self.len.fetch_sub(n, Ordering::Relaxed);
+                return Err(StoreError::CapacityExceeded { limit });
+            }
         }
-        self.len.fetch_sub(1, Ordering::Relaxed);
-        Err(StoreError::CapacityExceeded { limit })
+        Ok(Room {
+            inner: self,
+            left: n,
+        })
     }
 
     /// When full, sweeps at once instead of waiting for the sweeper, at most
@@ -267,22 +271,115 @@ impl Inner {
         lease: Lease,
     ) -> Result<Begin, StoreError> {
         self.limits.check_begin(key, lease)?;
-        match self.try_begin(key, fingerprint, lease) {
-            Err(StoreError::CapacityExceeded { .. }) if self.sweep_when_full() => {
-                self.try_begin(key, fingerprint, lease)
-            }
+        let hash = KeyHash::of(&self.hasher, key);
+        let attempt = || {
+            let mut shard = self.shard(hash).lock();
+            self.begin_in(
+                &mut shard,
+                hash,
+                key,
+                fingerprint,
+                lease,
+                &mut self.no_room(),
+            )
+        };
+        match attempt() {
+            // The shard's lock is released before sweeping, which locks all.
+            Err(StoreError::CapacityExceeded { .. }) if self.sweep_when_full() => attempt(),
             r => r,
         }
     }
 
-    fn try_begin(
+    /// `begin_many`, all or nothing: with a capacity set, the shards of every
+    /// item are locked together and room for each new record is reserved
+    /// before any item is acquired, so a full store refuses the whole batch
+    /// and changes nothing.
+    fn begin_many(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
+        self.limits.check_begin_items(items)?;
+        if self.capacity.is_none() {
+            return items
+                .iter()
+                .map(|i| {
+                    let hash = KeyHash::of(&self.hasher, &i.key);
+                    let mut shard = self.shard(hash).lock();
+                    self.begin_in(
+                        &mut shard,
+                        hash,
+                        &i.key,
+                        i.fingerprint,
+                        i.lease,
+                        &mut self.no_room(),
+                    )
+                })
+                .collect();
+        }
+        let hashes: Vec<KeyHash> = items
+            .iter()
+            .map(|i| KeyHash::of(&self.hasher, &i.key))
+            .collect();
+        let mut swept = false;
+        loop {
+            let n = self.shards.len();
+            let mut wanted: Vec<usize> = hashes.iter().map(|h| h.shard(n)).collect();
+            wanted.sort_unstable();
+            wanted.dedup();
+            // Locked in shard order, so two batches cannot deadlock.
+            let mut locked: Vec<Option<parking_lot::MutexGuard<'_, Shard>>> =
+                (0..n).map(|_| None).collect();
+            for i in wanted {
+                locked[i] = Some(self.shards[i].lock());
+            }
+            let shard_of = |h: KeyHash| h.shard(n);
+            let new_records = items
+                .iter()
+                .zip(&hashes)
+                .filter(|(i, h)| {
+                    let shard = locked[shard_of(**h)].as_ref().expect("locked");
+                    shard.find(**h, &i.key).is_none()
+                })
+                .count();
+            let mut room = match self.reserve(new_records) {
+                Ok(room) => room,
+                Err(e) if swept => return Err(e),
+                Err(e) => {
+                    drop(locked);
+                    swept = true;
+                    if self.sweep_when_full() {
+                        continue;
+                    }
+                    return Err(e);
+                }
+            };
+            return items
+                .iter()
+                .zip(&hashes)
+                .map(|(i, h)| {
+                    let shard = locked[shard_of(*h)].as_mut().expect("locked");
+                    self.begin_in(shard, *h, &i.key, i.fingerprint, i.lease, &mut room)
+                })
+                .collect();
+        }
+    }
+
+    /// No reserved room: a new record takes room as it is made.
+    fn no_room(&self) -> Room<'_> {
+        Room {
+            inner: self,
+            left: 0,
+        }
+    }
+
+    /// `begin` on `key`'s locked shard; a new record takes its room from
+    /// `room`.
+    fn begin_in(
         &self,
+        shard: &mut Shard,
+        hash: KeyHash,
         key: &Key,
         fingerprint: Option<Fingerprint>,
         lease: Lease,
+        room: &mut Room<'_>,
     ) -> Result<Begin, StoreError> {
-        let hash = KeyHash::of(&self.hasher, key);
-        let mut shard = self.shard(hash).lock();
         let now = self.now();
         let found = shard.find(hash, key);
         let current = match found.map(|i| shard.slot(i)) {
@@ -300,7 +397,7 @@ impl Inner {
         match machine::decide_begin(current, fingerprint, now) {
             Decision::Acquire { attempt } => {
                 if found.is_none() {
-                    self.take_room()?;
+                    room.take()?;
                 }
                 let token = self.next_token.fetch_add(1, Ordering::Relaxed);
                 let lease_expires_at = now.after(lease.duration());
@@ -314,7 +411,7 @@ impl Inner {
                         slot.set_attempts(attempt);
                         slot.fingerprint = fingerprint;
                         slot.completed = false;
-                        self.note_death(&mut shard, i);
+                        self.note_death(shard, i);
                     }
                     None => {
                         shard.insert(Slot::in_progress(
@@ -327,7 +424,7 @@ impl Inner {
                             fingerprint,
                         ));
                         let last = shard.len() - 1;
-                        self.note_death(&mut shard, last);
+                        self.note_death(shard, last);
                     }
                 }
                 Ok(Begin::Acquired(Claim {
@@ -380,14 +477,31 @@ impl Inner {
     ) -> Result<Fenced, StoreError> {
         self.limits
             .check_complete(key, outcome.as_ref(), retention)?;
-        Ok(self.with_owned(key, token, |shard, i, now| {
-            let slot = shard.slot_mut(i);
-            slot.completed = true;
-            slot.outcome = outcome.map(|b| Box::from(&b[..]));
-            slot.since = now;
-            slot.deadline = now.after(retention);
-            self.note_death(shard, i);
-        }))
+        let hash = KeyHash::of(&self.hasher, key);
+        let mut shard = self.shard(hash).lock();
+        let now = self.now();
+        let Some(i) = shard.find(hash, key) else {
+            return Ok(Fenced::Stale);
+        };
+        let s = shard.slot(i);
+        if s.completed {
+            let retried = machine::completed_by(s.token, token.get(), s.deadline, now);
+            return Ok(if retried {
+                Fenced::Ok(())
+            } else {
+                Fenced::Stale
+            });
+        }
+        if !machine::owns(s.token, token.get(), s.deadline, now) {
+            return Ok(Fenced::Stale);
+        }
+        let slot = shard.slot_mut(i);
+        slot.completed = true;
+        slot.outcome = outcome.map(|b| Box::from(&b[..]));
+        slot.since = now;
+        slot.deadline = now.after(retention);
+        self.note_death(&mut shard, i);
+        Ok(Fenced::Ok(()))
     }
 
     fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
@@ -464,6 +578,33 @@ impl Inner {
     }
 }
 
+/// Records counted against the capacity ahead of a `begin`; what is not
+/// taken is given back when dropped.
+struct Room<'a> {
+    inner: &'a Inner,
+    left: usize,
+}
+
+impl Room<'_> {
+    /// Room for one new record: reserved, or counted now.
+    fn take(&mut self) -> Result<(), StoreError> {
+        if self.left > 0 {
+            self.left -= 1;
+            return Ok(());
+        }
+        self.inner.reserve(1)?.left = 0;
+        Ok(())
+    }
+}
+
+impl Drop for Room<'_> {
+    fn drop(&mut self) {
+        if self.inner.capacity.is_some() && self.left > 0 {
+            self.inner.len.fetch_sub(self.left, Ordering::Relaxed);
+        }
+    }
+}
+
 impl Store for MemoryStore {
     async fn begin(
         &self,
@@ -502,11 +643,7 @@ impl Store for MemoryStore {
     }
 
     async fn begin_many(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
-        self.inner.limits.check_begin_items(items)?;
-        items
-            .iter()
-            .map(|i| self.inner.begin(&i.key, i.fingerprint, i.lease))
-            .collect()
+        self.inner.begin_many(items)
     }
 
     async fn complete_many(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {
