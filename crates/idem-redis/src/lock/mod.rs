@@ -52,9 +52,12 @@ const FALLBACK_POLL: Duration = Duration::from_secs(1);
 ///   rule as the store's tokens: last plus one, at least `TIME × 1024`).
 /// - **Fair waiting without busy polling**: waiters line up in a Redis list;
 ///   a release wakes the first in line (its own wake list, `BLPOP`), and
-///   newcomers cannot jump the queue. A waiter that gives up or dies leaves
-///   the line at its deadline. A bounded fallback poll (every second) covers
-///   lost wake-ups, and waiting when the node cannot be reached. On Redis
+///   newcomers cannot jump the queue. A waiter that gives up, or whose
+///   call is dropped, leaves the line at once (and wakes the next when the
+///   lock is free); one that dies leaves it within a few seconds, as its
+///   place holds only until its next look. A bounded fallback poll (every
+///   second) covers lost wake-ups, and waiting when the node cannot be
+///   reached. On Redis
 ///   Cluster a waiter blocks on the master that serves the lock's slot.
 ///
 /// ```no_run
@@ -113,16 +116,30 @@ impl Lock {
     }
 
     /// Takes the lock, waiting up to `wait` in line; `None` if it stayed
-    /// taken. Refuses, touching nothing, a name that is empty or longer than
-    /// the store's `max_key_bytes`, and a lease over its `max_lease`.
+    /// taken. `Duration::MAX` (or any wait past what the clock can count)
+    /// waits for as long as it takes. Refuses, touching nothing, a name that
+    /// is empty or longer than the store's `max_key_bytes`, and a lease over
+    /// its `max_lease`.
+    ///
+    /// A waiter's place in line holds for the next fallback poll plus two
+    /// call timeouts and a second; each look at the lock renews it. So a
+    /// waiter that died holds up the line for a few seconds at most, however
+    /// long it meant to wait.
     pub async fn try_lock(&self, wait: Duration) -> Result<Option<LockGuard>, StoreError> {
         self.check()?;
-        let me = owner_id();
-        let deadline = Instant::now() + wait;
-        let wake_key = format!("{}{me}", self.key(":w:"));
+        let deadline = Instant::now().checked_add(wait);
+        let mut place = Place {
+            lock: self,
+            me: owner_id(),
+        };
+        let wake_key = format!("{}{}", self.key(":w:"), place.me);
         let mut waiting = None;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+            let nap = left.min(FALLBACK_POLL);
+            let hold = nap + 2 * self.inner.timeout + Duration::from_secs(1);
             let reply: Value = self
                 .inner
                 .lock_scripts
@@ -131,9 +148,9 @@ impl Lock {
                 .key(self.key(":t"))
                 .key(self.key(":q"))
                 .key(self.key(":qd"))
-                .arg(&me)
+                .arg(&place.me)
                 .arg(millis(self.lease))
-                .arg(millis(left))
+                .arg(millis(hold))
                 .invoke_async(&mut self.inner.conn())
                 .await
                 .map_err(unavailable)?;
@@ -145,6 +162,7 @@ impl Lock {
                     .get(1)
                     .and_then(number)
                     .ok_or_else(|| corrupt("lock token", &reply))?;
+                let me = place.taken();
                 return Ok(Some(LockGuard::start(
                     self.clone(),
                     me,
@@ -152,10 +170,10 @@ impl Lock {
                 )));
             }
             if left.is_zero() {
-                self.leave(&me, &wake_key).await?;
+                self.leave(&place.me).await?;
+                place.taken();
                 return Ok(None);
             }
-            let nap = left.min(FALLBACK_POLL);
             if waiting.is_none() {
                 waiting = self
                     .inner
@@ -182,14 +200,18 @@ impl Lock {
         }
     }
 
-    async fn leave(&self, me: &str, wake_key: &str) -> Result<(), StoreError> {
+    /// Leaves the line as waiter `me`, and lets go of the lock if a call of
+    /// `me`'s whose answer nobody heard took it; wakes the next in line when
+    /// the lock is free.
+    async fn leave(&self, me: &str) -> Result<(), StoreError> {
         let _: Value = self
             .inner
             .lock_scripts
             .leave
+            .key(self.key(""))
             .key(self.key(":q"))
             .key(self.key(":qd"))
-            .key(wake_key)
+            .key(self.key(":w:"))
             .arg(me)
             .invoke_async(&mut self.inner.conn())
             .await
@@ -224,6 +246,39 @@ impl Lock {
             .await
             .map_err(unavailable)?;
         Ok(number(&v) == Some(1))
+    }
+}
+
+/// A waiter's place in line while [`Lock::try_lock`] runs. Dropped before
+/// the call settled (its future dropped, or an error), it leaves the line
+/// in the background, so a waiter that is gone never holds up the ones
+/// behind it.
+struct Place<'a> {
+    lock: &'a Lock,
+    /// The waiter's id; empty once the call settled.
+    me: String,
+}
+
+impl Place<'_> {
+    /// The call settled: nothing to undo. Returns the waiter's id.
+    fn taken(&mut self) -> String {
+        std::mem::take(&mut self.me)
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        if self.me.is_empty() {
+            return;
+        }
+        let (lock, me) = (self.lock.clone(), self.taken());
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = lock.leave(&me).await {
+                    tracing::warn!(lock = %lock.name, error = %e, "a waiter that left stays in line until its place runs out");
+                }
+            });
+        }
     }
 }
 

@@ -1,9 +1,11 @@
--- lock: acquire, or join the queue. KEYS: lock, token counter, queue (list
--- of waiter ids, first come first), queue deadlines (hash id -> ms).
--- ARGV: owner id, lease ms, how long the caller will wait (ms).
+-- lock: acquire, or take or keep a place in the queue. KEYS: lock, token
+-- counter, queue (list of waiter ids, first come first), queue deadlines
+-- (hash id -> ms). ARGV: owner id, lease ms, how long the caller's place
+-- holds unless it looks again (ms). Every number is checked and bounded
+-- by the caller, so no write below can fail half-way.
 -- Returns {1, token} when acquired, {0, ms left on the holder's lease}.
 local lock, ctr, q, qd = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local me, lease, wait = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local me, lease, hold = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
 -- Waiters that gave up or died leave the head of the queue.
 while true do
@@ -27,10 +29,16 @@ if free and (not head or head == me) then
   redis.call('SET', ctr, token, 'PX', 86400000)
   return {1, token}
 end
--- Wait in line (once), until the caller's own deadline.
-if redis.call('HSETNX', qd, me, now + wait + 1000) == 1 then
+-- Join the back of the line once; each later look renews the place.
+if redis.call('HSET', qd, me, now + hold) == 1 then
   redis.call('RPUSH', q, me)
 end
-redis.call('PEXPIRE', q, wait + lease + 60000)
-redis.call('PEXPIRE', qd, wait + lease + 60000)
+-- The line outlives every place in it; a waiter only ever lengthens its
+-- life, never shortens what an earlier one set.
+local keep = hold + lease + 60000
+for _, k in ipairs({q, qd}) do
+  if redis.call('PTTL', k) < keep then
+    redis.call('PEXPIRE', k, keep)
+  end
+end
 return {0, math.max(redis.call('PTTL', lock), 0)}
