@@ -173,19 +173,22 @@ async fn thirty_two_contending_tasks_never_overlap(store: RedisStore, _raw: Raw)
 }
 
 async fn the_watchdog_keeps_a_long_holder_alive(store: RedisStore, _raw: Raw) {
-    let lock = store
-        .lock(&name("watchdog"))
-        .lease(Duration::from_millis(300));
+    let lease = Duration::from_millis(600);
+    let lock = store.lock(&name("watchdog")).lease(lease);
     let guard = lock.try_lock(Duration::ZERO).await.unwrap().unwrap();
     for _ in 0..4 {
         // Three leases and more.
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(lease / 2).await;
         assert!(
             lock.try_lock(Duration::ZERO).await.unwrap().is_none(),
             "taken from a live holder"
         );
     }
-    assert!(!guard.is_lost());
+    assert!(!guard.is_lost(), "a healthy lock is not reported lost");
+    assert!(
+        tokio::time::timeout(lease, guard.lost()).await.is_err(),
+        "a healthy lock is not reported lost"
+    );
     assert!(guard.release().await.unwrap());
     assert!(lock.try_lock(Duration::ZERO).await.unwrap().is_some());
 }

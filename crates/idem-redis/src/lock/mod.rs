@@ -46,8 +46,9 @@ const FALLBACK_POLL: Duration = Duration::from_secs(1);
 /// - `SET NX PX` with a random owner value; release and renewal by
 ///   compare-and-act scripts only, so no one deletes another owner's lock.
 /// - A **watchdog** renews the lease every third of its length while the
-///   guard lives and tells the holder when a renewal is refused
-///   ([`LockGuard::lost`]) instead of failing silently.
+///   guard lives and tells the holder ([`LockGuard::lost`]) when a renewal
+///   is refused, or when less than a third of the lease is left without a
+///   renewal getting through: before the lease can run out, not after.
 /// - A **fencing token** per acquisition, increasing per lock name (same
 ///   rule as the store's tokens: last plus one, at least `TIME × 1024`).
 /// - **Fair waiting without busy polling**: waiters line up in a Redis list;
@@ -140,6 +141,7 @@ impl Lock {
             });
             let nap = left.min(FALLBACK_POLL);
             let hold = nap + 2 * self.inner.timeout + Duration::from_secs(1);
+            let sent = Instant::now();
             let reply: Value = self
                 .inner
                 .lock_scripts
@@ -167,6 +169,7 @@ impl Lock {
                     self.clone(),
                     me,
                     FencingToken::new(token),
+                    sent,
                 )));
             }
             if left.is_zero() {
@@ -234,7 +237,9 @@ impl Lock {
         Ok(number(&v) == Some(1))
     }
 
-    async fn renew_as(&self, me: &str) -> Result<bool, StoreError> {
+    /// Renews the lease as `me`: how long it now runs, as Redis counts it;
+    /// `None` when `me` no longer owns the lock.
+    async fn renew_as(&self, me: &str) -> Result<Option<Duration>, StoreError> {
         let v: Value = self
             .inner
             .lock_scripts
@@ -245,7 +250,11 @@ impl Lock {
             .invoke_async(&mut self.inner.conn())
             .await
             .map_err(unavailable)?;
-        Ok(number(&v) == Some(1))
+        match number(&v) {
+            Some(0) => Ok(None),
+            Some(ms) => Ok(Some(Duration::from_millis(ms))),
+            None => Err(corrupt("lock renewal", &v)),
+        }
     }
 }
 
@@ -294,9 +303,15 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
-    fn start(lock: Lock, owner: String, token: FencingToken) -> Self {
+    /// Starts the watchdog of a lock taken by a call sent at `sent`.
+    fn start(lock: Lock, owner: String, token: FencingToken, sent: Instant) -> Self {
         let lost = CancellationToken::new();
-        let watchdog = tokio::spawn(watch(lock.clone(), owner.clone(), lost.clone()));
+        let watchdog = tokio::spawn(watch(
+            lock.clone(),
+            owner.clone(),
+            lost.clone(),
+            sent + lock.lease,
+        ));
         Self {
             lock,
             owner,
@@ -311,13 +326,17 @@ impl LockGuard {
         self.token
     }
 
-    /// Whether a renewal was refused (someone else owns the lock now) or
-    /// none succeeded for a whole lease.
+    /// Whether the lock is lost, or may be soon: a renewal was refused
+    /// (someone else owns it now), or less than a third of the lease is
+    /// left and no renewal got through. Told before the lease can run out,
+    /// so the holder can stop before anyone else may take over; from then
+    /// on the watchdog renews no more.
     pub fn is_lost(&self) -> bool {
         self.lost.is_cancelled()
     }
 
-    /// Completes when the lock is lost.
+    /// Completes when the lock is lost, as [`is_lost`](Self::is_lost)
+    /// tells.
     pub async fn lost(&self) {
         self.lost.cancelled().await;
     }
@@ -348,23 +367,42 @@ impl Drop for LockGuard {
     }
 }
 
-async fn watch(lock: Lock, owner: String, lost: CancellationToken) {
-    let period = (lock.lease / 3).max(Duration::from_millis(1));
-    let mut last_ok = Instant::now();
+/// Renews the lease every third of it while the guard lives. `expires`
+/// is when the lease may run out, as the holder must assume: counted from
+/// when the call that set it was sent, since Redis may have set it at any
+/// moment after. Cancels `lost` when a renewal is refused, or when less
+/// than a third of the lease is left and no renewal got through (one that
+/// hangs is not waited for past that point).
+async fn watch(lock: Lock, owner: String, lost: CancellationToken, mut expires: Instant) {
+    let lease = lock.lease;
+    let period = (lease / 3).max(Duration::from_millis(1));
+    let mut next = Instant::now() + period;
     loop {
-        tokio::time::sleep(period).await;
-        match lock.renew_as(&owner).await {
-            Ok(true) => last_ok = Instant::now(),
-            Ok(false) => break,
+        let warn_at = expires.checked_sub(lease / 3).unwrap_or(expires);
+        if next >= warn_at {
+            tokio::time::sleep_until(warn_at).await;
+            break;
+        }
+        tokio::time::sleep_until(next).await;
+        let sent = Instant::now();
+        let renewed = tokio::select! {
+            r = lock.renew_as(&owner) => r,
+            () = tokio::time::sleep_until(warn_at) => break,
+        };
+        match renewed {
+            Ok(Some(left)) => {
+                expires = sent + left;
+                next = sent + period;
+            }
+            Ok(None) => break,
             Err(e) => {
                 tracing::warn!(lock = %lock.name, error = %e, "lock renewal failed");
-                if last_ok.elapsed() >= lock.lease {
-                    break;
-                }
+                // Try again soon: the lease is running down.
+                next = Instant::now() + (period / 4).max(Duration::from_millis(1));
             }
         }
     }
-    tracing::warn!(lock = %lock.name, "lock lost");
+    tracing::warn!(lock = %lock.name, "lock lost, or may run out before a renewal gets through");
     lost.cancel();
 }
 

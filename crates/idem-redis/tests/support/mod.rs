@@ -57,6 +57,18 @@ impl OwnRedis {
         }
     }
 
+    /// Sends the server `signal` (`STOP` freezes it, `CONT` resumes it).
+    pub async fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().and_then(Child::id).expect("running");
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .await
+            .expect("kill runs");
+        assert!(status.success(), "kill -{signal} {pid}");
+    }
+
     pub async fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             c.kill().await.unwrap();
