@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{BeginItem, CompleteItem, Limits};
+use idem_core::{Begin, BeginItem, CompleteItem, Fenced, Limits};
 
 use crate::coalesce::Coalescer;
 #[cfg(feature = "tls")]
@@ -119,6 +119,11 @@ impl RedisStoreBuilder {
     }
 
     /// Connects.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call leaves nothing behind but the
+    /// connections it opened, which close.
     pub async fn connect(self) -> Result<RedisStore, ConnectError> {
         let fail = |source| ConnectError {
             url: self
@@ -158,20 +163,34 @@ impl RedisStoreBuilder {
             nx_get,
             timeout: self.timeout,
         });
-        let (b, c) = (inner.clone(), inner.clone());
+        let (b, c, r) = (inner.clone(), inner.clone(), inner.clone());
         let batches = Arc::new(Batches {
             begin: Coalescer::start(
-                move |items: Vec<BeginItem>| {
+                move |items: Arc<Vec<BeginItem>>| {
                     let inner = b.clone();
                     async move { inner.begin_items(&items).await }
+                },
+                // A claim made for a caller who left would only block its
+                // key for a lease: let it go.
+                move |item: &BeginItem, answer: Begin| {
+                    if let Begin::Acquired(claim) = answer {
+                        let (inner, key) = (r.clone(), item.key.clone());
+                        tokio::spawn(async move {
+                            if let Err(e) = inner.release(&key, claim.token).await {
+                                tracing::warn!(error = %e, "a claim whose caller left stays until its lease ends");
+                            }
+                        });
+                    }
                 },
                 self.coalesce,
             ),
             complete: Coalescer::start(
-                move |items: Vec<CompleteItem>| {
+                move |items: Arc<Vec<CompleteItem>>| {
                     let inner = c.clone();
                     async move { inner.complete_items(&items).await }
                 },
+                // A completion stands whether or not its caller heard.
+                |_: &CompleteItem, _: Fenced| {},
                 self.coalesce,
             ),
         });

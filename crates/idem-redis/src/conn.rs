@@ -10,7 +10,7 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use crate::builder::RedisStoreBuilder;
 
-/// Why [`RedisStore::connect`] failed. Shows the address with any password
+/// Why [`RedisStore::connect`](crate::RedisStore::connect) failed. Shows the address with any password
 /// hidden.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot connect to Redis at {url}: {source}")]

@@ -64,6 +64,15 @@
 //! always safe. An `extend` sent again extends again; a `release` sent
 //! again answers `Stale` once the first one ran (the key is free either
 //! way).
+//!
+//! # Cancel safety
+//!
+//! Every operation takes full effect or none when its future is dropped,
+//! and leaves its key usable: a single call still queued for the next
+//! batch is not sent; one already sent runs in full on Redis (a claim a
+//! batched `begin` made for a caller who left is released when the answer
+//! comes). Each method's `# Cancel safety` section says what it leaves
+//! behind.
 #![deny(missing_docs)]
 
 mod builder;

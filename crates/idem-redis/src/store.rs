@@ -58,6 +58,11 @@ pub(crate) struct Inner {
 
 impl RedisStore {
     /// Connects to `url` (`redis://HOST:PORT[/DB]`) with default settings.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call leaves nothing behind but the
+    /// connections it opened, which close.
     pub async fn connect(url: &str) -> Result<Self, ConnectError> {
         Self::builder(url).connect().await
     }
@@ -266,6 +271,18 @@ impl Inner {
 }
 
 impl Store for RedisStore {
+    /// `begin`: one script call, alone or in a batch with the single calls
+    /// made at the same time.
+    ///
+    /// # Cancel safety
+    ///
+    /// Full effect or none. A call dropped while queued for the next batch
+    /// is not sent. One dropped after its batch was sent: if it claimed the
+    /// key, the claim is released as soon as the answer comes back, so a
+    /// redelivery acquires at once. One dropped after it went straight out
+    /// (nothing else was in flight): the script ran in full or not at all,
+    /// and a claim it made holds the key until its lease ends, then a
+    /// redelivery takes over.
     async fn begin(
         &self,
         key: &Key,
@@ -281,6 +298,16 @@ impl Store for RedisStore {
         self.batches.begin.call(item).await
     }
 
+    /// `complete`: one script call, alone or in a batch with the single
+    /// calls made at the same time. Sent again by the token that completed
+    /// the record, it answers `Ok` and changes nothing.
+    ///
+    /// # Cancel safety
+    ///
+    /// Full effect or none. A call dropped while queued for the next batch
+    /// is not sent; one already sent takes full effect. Either way the
+    /// holder may send it again and learns the outcome: `Ok` if it is (now)
+    /// completed by its token.
     async fn complete(
         &self,
         key: &Key,
@@ -300,11 +327,24 @@ impl Store for RedisStore {
         self.batches.complete.call(item).await
     }
 
+    /// `release`: one script call.
+    ///
+    /// # Cancel safety
+    ///
+    /// Full effect or none: the script ran in full or not at all. Sent
+    /// again after a dropped call that did run, it answers `Stale`, and
+    /// the key is free either way.
     async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
         self.inner.limits.check_key(key)?;
         self.inner.release(key, token).await
     }
 
+    /// `extend`: one script call.
+    ///
+    /// # Cancel safety
+    ///
+    /// Full effect or none: the script ran in full or not at all; sending
+    /// it again extends again.
     async fn extend(
         &self,
         key: &Key,
@@ -330,6 +370,11 @@ impl Store for RedisStore {
         }
     }
 
+    /// `get`: one `GET`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it changes nothing.
     async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         self.inner.limits.check_key(key)?;
         let v: Value = redis::cmd("GET")
@@ -340,6 +385,15 @@ impl Store for RedisStore {
         parse_record(&v)
     }
 
+    /// `begin_many`: one script call per hash slot and lease, all in one
+    /// round trip. When some items fail, answers the error and releases
+    /// the claims the call did make.
+    ///
+    /// # Cancel safety
+    ///
+    /// Each item takes full effect or none. Dropped after it was sent, the
+    /// claims it made hold their keys until their leases end, then
+    /// redeliveries take over.
     async fn begin_many(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
         self.inner.limits.check_begin_items(items)?;
         if items.is_empty() {
@@ -364,6 +418,14 @@ impl Store for RedisStore {
         answers.into_iter().collect()
     }
 
+    /// `complete_many`: one script call per hash slot and retention, all
+    /// in one round trip. When some items fail, answers the error; the
+    /// items that were done stay done.
+    ///
+    /// # Cancel safety
+    ///
+    /// Each item takes full effect or none; sending the same items again
+    /// answers `Ok` for those that were done.
     async fn complete_many(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {
         self.inner.limits.check_complete_items(items)?;
         if items.is_empty() {
@@ -374,6 +436,12 @@ impl Store for RedisStore {
         self.inner.complete_items(items).await.into_iter().collect()
     }
 
+    /// `scan`: `SCAN` on each master, then the records in pipelined
+    /// `GET`s.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it changes nothing.
     async fn scan(&self, query: &ScanQuery) -> Result<Vec<Entry>, StoreError> {
         let (prefix, pattern) = namespace_prefix(query.namespace.as_str());
         let keys = self.inner.scan_keys(&pattern).await?;

@@ -126,6 +126,13 @@ impl Lock {
     /// call timeouts and a second; each look at the lock renews it. So a
     /// waiter that died holds up the line for a few seconds at most, however
     /// long it meant to wait.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a call dropped while waiting (or failing) leaves the
+    /// line at once, in the background, and wakes the next in line if the
+    /// lock is free; if its last look had taken the lock unheard, it lets
+    /// the lock go. Nobody is held up by a waiter that is gone.
     pub async fn try_lock(&self, wait: Duration) -> Result<Option<LockGuard>, StoreError> {
         self.check()?;
         let deadline = Instant::now().checked_add(wait);
@@ -337,27 +344,42 @@ impl LockGuard {
 
     /// Completes when the lock is lost, as [`is_lost`](Self::is_lost)
     /// tells.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only waits; call it again to wait again.
     pub async fn lost(&self) {
         self.lost.cancelled().await;
     }
 
     /// Releases the lock; `false` if this holder no longer owned it (then
     /// nothing was deleted).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the watchdog stops at once, and a call dropped before
+    /// its answer came releases the lock in the background, as dropping
+    /// the guard does (the release is by owner only, so sending it twice
+    /// does no harm).
     pub async fn release(mut self) -> Result<bool, StoreError> {
         if let Some(w) = self.watchdog.take() {
             w.abort();
         }
-        let owner = std::mem::take(&mut self.owner);
-        self.lock.release_as(&owner).await
+        let released = self.lock.release_as(&self.owner).await;
+        // Settled: nothing left for `drop` to do.
+        self.owner.clear();
+        released
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        let Some(w) = self.watchdog.take() else {
+        if let Some(w) = self.watchdog.take() {
+            w.abort();
+        }
+        if self.owner.is_empty() {
             return;
-        };
-        w.abort();
+        }
         let (lock, owner) = (self.lock.clone(), std::mem::take(&mut self.owner));
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
