@@ -37,6 +37,9 @@ impl Scripts {
     }
 }
 
+/// The longest a waiter's place in line holds without a look.
+const MAX_HOLD: Duration = Duration::from_secs(3600);
+
 /// How often a waiter looks again when no wake-up came.
 const FALLBACK_POLL: Duration = Duration::from_secs(1);
 
@@ -147,7 +150,11 @@ impl Lock {
                 d.saturating_duration_since(Instant::now())
             });
             let nap = left.min(FALLBACK_POLL);
-            let hold = nap + 2 * self.inner.timeout + Duration::from_secs(1);
+            // Capped, as a call timeout of years would make it.
+            let hold = nap
+                .saturating_add(self.inner.timeout.saturating_mul(2))
+                .saturating_add(Duration::from_secs(1))
+                .min(MAX_HOLD);
             let sent = Instant::now();
             let reply: Value = self
                 .inner

@@ -1,11 +1,15 @@
 -- lock: acquire, or take or keep a place in the queue. KEYS: lock, token
 -- counter, queue (list of waiter ids, first come first), queue deadlines
 -- (hash id -> ms). ARGV: owner id, lease ms, how long the caller's place
--- holds unless it looks again (ms). Every number is checked and bounded
--- by the caller, so no write below can fail half-way.
+-- holds unless it looks again (ms). Every number is checked before the
+-- first write, so no write below can fail half-way.
 -- Returns {1, token} when acquired, {0, ms left on the holder's lease}.
 local lock, ctr, q, qd = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local me, lease, hold = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+-- Numbers Redis could not take as expiries are refused before any write.
+if not (lease >= 1 and lease < 2^45 and hold >= 1 and hold < 2^45) then
+  return redis.error_reply('lock lease or place in line out of range')
+end
 
 -- Waiters that gave up or died leave the head of the queue.
 while true do
