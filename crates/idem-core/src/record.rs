@@ -1,4 +1,4 @@
-//! The record and the answers of the store's operations (DESIGN.md §1–§2).
+//! The record and the answers of the store's operations (docs/contract.md §1–§2).
 
 use std::fmt;
 use std::time::Duration;

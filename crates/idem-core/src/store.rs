@@ -1,4 +1,4 @@
-//! The store contract (DESIGN.md §2).
+//! The store contract (docs/contract.md §2).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -12,11 +12,23 @@ use crate::{
     Record, ScanQuery, StoreError, Timestamp,
 };
 
-/// Where idempotency records live.
+/// Where idempotency records live (docs/contract.md §2).
 ///
 /// Every operation is atomic and linearizable per key. Every store checks its
 /// [`Limits`] first, so refused input changes nothing, and runs the
 /// conformance kit (`idem-testkit`) unchanged.
+///
+/// # Cancel safety
+///
+/// Every operation is cancellation-safe: if its future is dropped after it
+/// was first polled (a client left, a timeout fired), it has taken full
+/// effect or none, and every key stays usable. An effect already on its way
+/// (a command sent to a server, a record handed to a committer) may land
+/// after the drop, as if only its answer had been lost; a claim nobody heard
+/// of ends with its lease, and a holder's retried `complete` settles a
+/// completion whose answer was lost. Each store's methods say what a drop
+/// leaves behind; the conformance kit drops every operation after one poll
+/// and at random points.
 ///
 /// Stores are cheap to clone (a handle to shared state), so a guard or an
 /// adapter can keep one per task.
@@ -33,7 +45,10 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send;
 
     /// Stores the outcome and keeps the record for `retention`, if `token`
-    /// owns the key; otherwise `Stale` and nothing changes.
+    /// holds a live lease on the key. Answers `Ok` again, changing nothing,
+    /// when the record was already completed by this `token` (a retried
+    /// call whose first answer was lost); otherwise `Stale` and nothing
+    /// changes.
     fn complete(
         &self,
         key: &Key,
@@ -63,13 +78,15 @@ pub trait Store: Send + Sync + 'static {
     fn get(&self, key: &Key) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
 
     /// `begin` for each item in one round trip; answers in order, as if the
-    /// items had been begun one after another.
+    /// items had been begun one after another. A batch the store cannot
+    /// take (input over a limit, no room) is refused whole.
     fn begin_many(
         &self,
         items: &[BeginItem],
     ) -> impl Future<Output = Result<Vec<Begin>, StoreError>> + Send;
 
-    /// `complete` for each item in one round trip; answers in order.
+    /// `complete` for each item in one round trip; answers in order, each as
+    /// `complete` would.
     fn complete_many(
         &self,
         items: &[CompleteItem],

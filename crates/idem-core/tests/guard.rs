@@ -1,4 +1,4 @@
-//! The guard's guarantees (DESIGN.md §3), against the memory store.
+//! The guard's guarantees (docs/contract.md §3), against the memory store.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -201,9 +201,12 @@ async fn watchdog_keeps_a_long_handler_holding_its_key() {
         async move {
             guard
                 .run(&k, None, |claim| async move {
-                    // Four leases long.
-                    tokio::time::sleep(Duration::from_millis(600)).await;
-                    Ok::<_, String>(claim.is_lost())
+                    // Four leases long; a live lease is never reported lost.
+                    let lost = tokio::select! {
+                        () = claim.lost() => true,
+                        () = tokio::time::sleep(Duration::from_millis(600)) => false,
+                    };
+                    Ok::<_, String>(lost || claim.is_lost())
                 })
                 .await
         }
@@ -234,7 +237,10 @@ async fn handler_is_told_when_its_lease_is_lost() {
             guard
                 .run(&k, None, |claim| async move {
                     tokio::select! {
-                        () = claim.lost() => Err("lease lost"),
+                        () = claim.lost() => {
+                            assert!(claim.is_lost(), "is_lost agrees with lost()");
+                            Err("lease lost")
+                        }
                         () = tokio::time::sleep(Duration::from_secs(10)) => Ok(()),
                     }
                 })
@@ -336,4 +342,103 @@ async fn oversized_outcome_is_refused_and_the_key_released() {
         ))
     ));
     assert_eq!(store.get(&key("big")).await.unwrap(), None);
+}
+
+/// Renewals that fail warn the handler while its lease is still live, so it
+/// can stop before anyone else may take the key over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_renewals_warn_the_handler_before_the_lease_runs_out() {
+    let store = Switchable::new(MemoryStore::new());
+    let guard = Guard::new(store.clone()).lease(Lease::from_millis(600));
+    let k = key("renewals-fail");
+    let watched = store.clone();
+    let r = guard
+        .run(&k, None, |claim| async move {
+            watched.set_down(true);
+            tokio::select! {
+                () = claim.lost() => {}
+                () = tokio::time::sleep(Duration::from_secs(10)) => panic!("never warned"),
+            }
+            assert!(claim.is_lost());
+            watched.set_down(false);
+            // Warned in time: the store still holds the lease for this token.
+            match watched.get(&key("renewals-fail")).await.unwrap() {
+                Some(Record::InProgress(r)) => {
+                    assert_eq!(Some(r.token), claim.token());
+                    assert!(
+                        r.lease_expires_at > idem_core::Clock::now(&idem_core::SystemClock),
+                        "warned only after the lease ran out"
+                    );
+                }
+                other => panic!("expected the claim, got {other:?}"),
+            }
+            Err::<u32, _>("stopped")
+        })
+        .await;
+    assert!(matches!(r, Err(GuardError::Handler("stopped"))));
+}
+
+/// The handler sees its claim's token and attempt: 1 on a first
+/// acquisition, 2 after taking over an abandoned claim, with a larger token.
+#[tokio::test]
+async fn handler_sees_its_token_and_attempt() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let guard = Guard::new(store.clone()).lease(Lease::from_secs(30));
+    let seen = |k: Key| {
+        let (guard, store) = (guard.clone(), store.clone());
+        async move {
+            guard
+                .run(&k.clone(), None, |claim| async move {
+                    let Some(Record::InProgress(r)) = store.get(&k).await.unwrap() else {
+                        panic!("the handler runs under a claim");
+                    };
+                    assert_eq!(claim.token(), Some(r.token), "the claim's own token");
+                    Ok::<_, String>((r.token.get(), claim.attempt()))
+                })
+                .await
+                .unwrap()
+        }
+    };
+    let (first, attempt) = seen(key("attempt-fresh")).await;
+    assert_eq!(attempt, 1);
+    let abandoned = idem_testkit::cases::acquired(
+        store
+            .begin(&key("attempt-taken"), None, Lease::from_secs(1))
+            .await
+            .unwrap(),
+    );
+    clock.advance(Duration::from_secs(2));
+    let (token, attempt) = seen(key("attempt-taken")).await;
+    assert_eq!(attempt, 2, "a takeover is the second attempt");
+    assert!(token > abandoned.token.get() && token > first);
+}
+
+/// Storing the outcome is retried on transient failures, twice, with a
+/// growing pause: two failures are absorbed, a third is returned.
+#[tokio::test(start_paused = true)]
+async fn storing_the_outcome_retries_transient_failures_twice() {
+    let store = Switchable::new(MemoryStore::new());
+    let guard = Guard::new(store.clone());
+    store.fail_next_completes(2);
+    let start = tokio::time::Instant::now();
+    let r = guard
+        .run(&key("retry-2"), None, |_| async { Ok::<_, String>(7) })
+        .await;
+    assert_eq!(r.unwrap(), 7);
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_millis(10 + 40),
+        "backs off 10 ms, then 40 ms"
+    );
+    assert!(matches!(
+        store.get(&key("retry-2")).await.unwrap(),
+        Some(Record::Completed(_))
+    ));
+
+    store.fail_next_completes(3);
+    let r = guard
+        .run(&key("retry-3"), None, |_| async { Ok::<_, String>(7) })
+        .await;
+    assert!(matches!(r, Err(GuardError::Store(_))), "{r:?}");
 }

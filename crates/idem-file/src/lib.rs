@@ -33,6 +33,7 @@
 mod claims;
 mod codec;
 mod commit;
+mod dir;
 mod tokens;
 
 use std::path::{Path, PathBuf};
@@ -79,6 +80,19 @@ pub enum OpenError {
         path: PathBuf,
         /// What failed.
         source: fjall::Error,
+    },
+    /// The stored token ceiling is damaged: the store cannot know which
+    /// fencing tokens it already issued, and reusing one would let a stale
+    /// holder pass as the current one.
+    #[error(
+        "the store at {path} is damaged: its token ceiling (key `token_ceiling` in keyspace `meta`) holds {} bytes ({value:02x?}) instead of an 8-byte number, so the fencing tokens already issued are unknown and the store refuses to open rather than reuse one; restore the directory from a backup, or stop every client that may still hold a token before starting over in an empty directory",
+        value.len()
+    )]
+    CorruptTokenCeiling {
+        /// The directory.
+        path: PathBuf,
+        /// The stored value.
+        value: Vec<u8>,
     },
     /// A background thread could not be started.
     #[error("cannot start the store's {what} thread: {source}")]
@@ -141,6 +155,7 @@ pub struct FileStoreBuilder {
     sweep_interval: Option<Duration>,
     abandoned_retention: Duration,
     cache_bytes: u64,
+    token_block: u64,
 }
 
 impl FileStoreBuilder {
@@ -182,10 +197,18 @@ impl FileStoreBuilder {
         self
     }
 
+    /// How many tokens each durable raise of the token ceiling covers
+    /// (default 2^20). Small values exercise the raise in tests.
+    #[doc(hidden)]
+    pub fn token_block(mut self, tokens: u64) -> Self {
+        self.token_block = tokens;
+        self
+    }
+
     /// Opens (or creates) the store, recovering it after a crash.
     pub fn open(self) -> Result<FileStore, OpenError> {
         let path = self.path;
-        std::fs::create_dir_all(&path).map_err(|source| OpenError::Directory {
+        dir::create_durably(&path).map_err(|source| OpenError::Directory {
             path: path.clone(),
             source,
         })?;
@@ -203,7 +226,12 @@ impl FileStoreBuilder {
         let meta = db
             .keyspace("meta", KeyspaceCreateOptions::default)
             .map_err(engine)?;
-        let tokens = tokens::TokenSequence::open(&db, &meta).map_err(engine)?;
+        dir::sync_tree(&path).map_err(|source| OpenError::Directory {
+            path: path.clone(),
+            source,
+        })?;
+        let tokens = tokens::TokenSequence::open(&db, &meta, self.token_block)
+            .map_err(|e| e.into_open_error(&path))?;
         let claims = Arc::new(Claims::new(64));
         let (committer, committer_thread) = commit::spawn(commit::Engine {
             db: db.clone(),
@@ -262,6 +290,7 @@ impl FileStore {
             sweep_interval: Some(Duration::from_secs(1)),
             abandoned_retention: DEFAULT_ABANDONED_RETENTION,
             cache_bytes: 64 * 1024 * 1024,
+            token_block: tokens::BLOCK,
         }
     }
 

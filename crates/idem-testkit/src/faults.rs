@@ -2,7 +2,7 @@
 //! one would, to test what callers do when the store is down.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,6 +17,7 @@ use idem_core::{
 pub struct Switchable<S> {
     inner: S,
     down: Arc<AtomicBool>,
+    failing_completes: Arc<AtomicU32>,
 }
 
 impl<S: Store> Switchable<S> {
@@ -25,7 +26,14 @@ impl<S: Store> Switchable<S> {
         Self {
             inner,
             down: Arc::default(),
+            failing_completes: Arc::default(),
         }
+    }
+
+    /// Makes the next `n` calls of `complete` fail as an unreachable store
+    /// would (a transient failure), before reaching the store.
+    pub fn fail_next_completes(&self, n: u32) {
+        self.failing_completes.store(n, Ordering::SeqCst);
     }
 
     /// Takes the store down (`true`) or brings it back.
@@ -64,6 +72,12 @@ impl<S: Store> Store for Switchable<S> {
         retention: Duration,
     ) -> Result<Fenced, StoreError> {
         self.check()?;
+        let failing =
+            self.failing_completes
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if failing.is_ok() {
+            return Err(StoreError::unavailable("complete failed (injected)"));
+        }
         self.inner.complete(key, token, outcome, retention).await
     }
     async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {

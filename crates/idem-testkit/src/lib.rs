@@ -20,6 +20,8 @@ pub mod cancel;
 pub mod cases;
 pub mod faults;
 pub mod model;
+#[cfg(feature = "fuse")]
+pub mod power_loss;
 pub mod services;
 pub mod tls_redis;
 

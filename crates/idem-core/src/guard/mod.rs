@@ -1,4 +1,4 @@
-//! The guard: runs a handler at most once per key (DESIGN.md §3).
+//! The guard: runs a handler at most once per key (docs/contract.md §3).
 
 mod error;
 
@@ -78,13 +78,15 @@ impl ClaimHandle {
         self.attempt
     }
 
-    /// Whether the lease has been lost (a renewal was refused, or none
-    /// succeeded for a whole lease).
+    /// Whether the lease is lost or about to be: a renewal was refused, or
+    /// none succeeded while less than a third of the lease was left.
     pub fn is_lost(&self) -> bool {
         self.lost.is_cancelled()
     }
 
-    /// Completes when the lease is lost: `select!` on it to stop early.
+    /// Completes when the lease is lost or about to be (see
+    /// [`is_lost`](Self::is_lost)): `select!` on it to stop early, before
+    /// anyone else can take the key over.
     pub async fn lost(&self) {
         self.lost.cancelled().await;
     }
@@ -185,6 +187,7 @@ impl<S: Store + Clone> Guard<S> {
         C: FnOnce(Failure<'_, E>) -> CFut,
         CFut: Future<Output = ()>,
     {
+        let sent = Instant::now();
         let begun = match self.store.begin(key, fingerprint, self.lease).await {
             Ok(b) => b,
             Err(e) if self.fail_open && e.is_transient() => {
@@ -205,7 +208,11 @@ impl<S: Store + Clone> Guard<S> {
                 .map_err(|e| GuardError::Outcome(e.into())),
             Begin::InProgress { retry_after } => Err(GuardError::InProgress { retry_after }),
             Begin::Mismatch => Err(GuardError::Mismatch),
-            Begin::Acquired(claim) => self.hold(codec, key, claim, handler, compensate).await,
+            Begin::Acquired(claim) => {
+                let lease_end = sent + self.lease.duration();
+                self.hold(codec, key, claim, lease_end, handler, compensate)
+                    .await
+            }
         }
     }
 
@@ -214,6 +221,7 @@ impl<S: Store + Clone> Guard<S> {
         codec: &K,
         key: &Key,
         claim: Claim,
+        lease_end: Instant,
         handler: F,
         compensate: C,
     ) -> Result<T, GuardError<E>>
@@ -236,7 +244,7 @@ impl<S: Store + Clone> Guard<S> {
             lost: lost.clone(),
         };
         let work = AssertUnwindSafe(handler(handle)).catch_unwind();
-        let watchdog = self.watchdog(key, claim.token, &lost);
+        let watchdog = self.watchdog(key, claim.token, lease_end, &lost);
         let result = {
             tokio::pin!(work, watchdog);
             tokio::select! {
@@ -317,27 +325,49 @@ impl<S: Store + Clone> Guard<S> {
         }
     }
 
-    /// Extends the lease every third of its length until it is refused or no
-    /// extension has succeeded for a whole lease; then cancels `lost`.
-    async fn watchdog(&self, key: &Key, token: FencingToken, lost: &CancellationToken) {
+    /// Extends the lease every third of its length. Cancels `lost` when a
+    /// renewal is refused, or when less than a third of the lease is left
+    /// and no renewal has succeeded: the handler hears of it before anyone
+    /// can take the key over.
+    ///
+    /// The lease is reckoned from when each renewal was *sent*: the store
+    /// cannot have started it earlier, so the local reckoning ends no later
+    /// than the store's, whatever the round trip took. (The expiry `extend`
+    /// returns is on the store's clock, which the guard does not read.)
+    async fn watchdog(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        mut lease_end: Instant,
+        lost: &CancellationToken,
+    ) {
         let lease = self.lease.duration();
         let period = (lease / 3).max(Duration::from_millis(1));
-        let mut last_ok = Instant::now();
+        let mut next = Instant::now() + period;
         loop {
-            tokio::time::sleep(period).await;
-            match self.store.extend(key, token, self.lease).await {
-                Ok(Fenced::Ok(_)) => last_ok = Instant::now(),
-                Ok(Fenced::Stale) => break,
-                Err(e) => {
-                    tracing::warn!(%key, error = %e, "lease renewal failed");
-                    if last_ok.elapsed() >= lease {
-                        break;
-                    }
+            let warn_at = lease_end.checked_sub(lease / 3).unwrap_or(lease_end);
+            tokio::time::sleep_until(next.min(warn_at)).await;
+            if Instant::now() >= warn_at {
+                break;
+            }
+            let sent = Instant::now();
+            let renewal = self.store.extend(key, token, self.lease);
+            match tokio::time::timeout_at(warn_at, renewal).await {
+                Ok(Ok(Fenced::Ok(_))) => {
+                    lease_end = sent + lease;
+                    next = sent + period;
                 }
+                Ok(Ok(Fenced::Stale)) => break,
+                Ok(Err(e)) => {
+                    tracing::warn!(%key, error = %e, "lease renewal failed; retrying");
+                    next = Instant::now() + period / 4;
+                }
+                // No answer before the warning point.
+                Err(_) => break,
             }
         }
         metrics::counter!("idem_guard_lease_lost_total").increment(1);
-        tracing::warn!(%key, %token, "lease lost while the handler runs");
+        tracing::warn!(%key, %token, "lease lost (or about to be) while the handler runs");
         lost.cancel();
     }
 }

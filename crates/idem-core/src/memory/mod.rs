@@ -26,6 +26,11 @@ pub const DEFAULT_ABANDONED_RETENTION: Duration = Duration::from_secs(3600);
 
 /// Records kept in memory, lost when the process ends.
 ///
+/// # Cancel safety
+///
+/// Every operation takes effect in its first poll, under the key's shard
+/// lock, and never waits: a dropped future has taken full effect or none.
+///
 /// Sharded by key hash, each shard under its own lock; a background thread
 /// removes expired records. It never drops a live record to save memory: with
 /// a [capacity](MemoryStoreBuilder::capacity), a `begin` that would need a new
@@ -98,7 +103,10 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// The most records to hold (default: unbounded).
+    /// The most records to hold (default: unbounded). A `begin` that would
+    /// need a new record beyond it, and a `begin_many` whose new records do
+    /// not all fit, are refused with [`StoreError::CapacityExceeded`] and
+    /// change nothing.
     pub fn capacity(mut self, records: usize) -> Self {
         self.capacity = Some(records);
         self

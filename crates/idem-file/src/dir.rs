@@ -1,0 +1,44 @@
+//! Creating the store's directory so that it survives a power cut.
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+
+/// `create_dir_all`, then syncs the parent of each directory it made: a new
+/// directory's name is durable only once its parent is synced, and the engine
+/// syncs the store's directory itself, not the one it sits in.
+pub fn create_durably(path: &Path) -> io::Result<()> {
+    let mut missing = Vec::new();
+    let mut dir = path;
+    while !dir.exists() {
+        missing.push(dir);
+        match dir.parent() {
+            Some(parent) => dir = parent,
+            None => break,
+        }
+    }
+    std::fs::create_dir_all(path)?;
+    for made in missing {
+        let parent = match made.parent() {
+            Some(p) if p.as_os_str().is_empty() => Path::new("."),
+            Some(p) => p,
+            None => continue,
+        };
+        File::open(parent)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Syncs `path` and every directory under it. The engine syncs a new
+/// keyspace's own folder but not the folder that names it: without this, a
+/// power cut after the first open can lose a whole keyspace, and with the
+/// `meta` keyspace the token ceiling.
+pub fn sync_tree(path: &Path) -> io::Result<()> {
+    for entry in std::fs::read_dir(path)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            sync_tree(&entry.path())?;
+        }
+    }
+    File::open(path)?.sync_all()
+}
