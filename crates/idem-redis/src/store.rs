@@ -1,4 +1,5 @@
-//! The store: its shared state, and the `Store` contract on Redis.
+//! The store: its shared state, and the `Store` contract
+//! (docs/contract.md §2) on Redis.
 
 use std::sync::Arc;
 use std::time::Duration;
