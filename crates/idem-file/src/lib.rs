@@ -386,8 +386,8 @@ impl Inner {
             .map(Some)
     }
 
-    /// `begin`, reading the stored record if need be: call it off the async
-    /// workers.
+    /// `begin`, reading the stored record if need be (one point read, outside
+    /// the shard's lock).
     fn begin(
         &self,
         key: &Key,
@@ -536,10 +536,7 @@ impl Inner {
     /// are handed to the committer, before the first await: a caller that
     /// stops waiting leaves full effect (the committer writes and finishes
     /// the claims) or, dropped before its first poll, none.
-    async fn complete_many(
-        self: &Arc<Self>,
-        items: &[CompleteItem],
-    ) -> Result<Vec<Fenced>, StoreError> {
+    async fn complete_many(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {
         self.check_healthy()?;
         let steps: Vec<Completing> = items.iter().map(|i| self.start_completing(i)).collect();
         let puts: Vec<Put> = Vec::new();
@@ -573,8 +570,7 @@ impl Inner {
                     Err(_) => return Err(self.engine_failed("the committer thread has stopped")),
                 },
                 Completing::Check(enc) => {
-                    let stored =
-                        off_workers(self, move |inner| inner.read_completed(&enc)).await??;
+                    let stored = self.read_completed(&enc)?;
                     let now = self.clock.now();
                     match stored {
                         Some(r)
@@ -715,8 +711,12 @@ impl Inner {
     }
 }
 
-/// Runs `work` on Tokio's blocking pool when there is a runtime, so that a
-/// read that waits for the disk never stalls an async worker; else here.
+/// Runs `work` on Tokio's blocking pool when there is a runtime, else here.
+/// For reads of many records (`begin_many`, `scan`), which must not hold an
+/// async worker for long. A single point read stays on the worker: it is
+/// bounded (a few blocks at most, usually none past the filters and the
+/// block cache), and a hop to the pool cost more than it saves (see
+/// BENCHMARKS.md).
 async fn off_workers<T: Send + 'static>(
     inner: &Arc<Inner>,
     work: impl FnOnce(&Inner) -> T + Send + 'static,
@@ -757,22 +757,15 @@ fn in_progress(c: &Claim) -> Record {
 impl Store for FileStore {
     /// # Cancel safety
     ///
-    /// Dropped mid-way, it has acquired the key or not; an acquired claim
-    /// nobody heard of is taken over once its lease runs out.
+    /// Takes effect in its first poll: it has acquired the key or not. A
+    /// claim nobody heard of is taken over once its lease runs out.
     async fn begin(
         &self,
         key: &Key,
         fingerprint: Option<Fingerprint>,
         lease: Lease,
     ) -> Result<Begin, StoreError> {
-        if let Some(answer) = self.inner.begin_in_memory(key, fingerprint, lease)? {
-            return Ok(answer);
-        }
-        let key = key.clone();
-        off_workers(&self.inner, move |inner| {
-            inner.begin(&key, fingerprint, lease)
-        })
-        .await?
+        self.inner.begin(key, fingerprint, lease)
     }
 
     /// # Cancel safety
@@ -835,8 +828,7 @@ impl Store for FileStore {
     ///
     /// Reads only.
     async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        let key = key.clone();
-        off_workers(&self.inner, move |inner| inner.get(&key)).await?
+        self.inner.get(key)
     }
 
     /// # Cancel safety
