@@ -40,3 +40,48 @@ async fn a_stalled_renewal_is_reported_before_the_lease_can_run_out() {
     told.expect("the holder is told before its lease can run out");
     assert!(guard.is_lost());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_lock_is_renewed_every_third_of_its_lease() {
+    if !services::program("redis-server") {
+        return;
+    }
+    let port = free_port();
+    let _redis = OwnRedis::start(port).await;
+    let url = format!("redis://127.0.0.1:{port}");
+    let store = RedisStore::connect(&url).await.unwrap();
+    let mut raw = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let lease = Duration::from_millis(600);
+    let guard = store
+        .lock("renewed")
+        .lease(lease)
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    let script_calls = async |raw: &mut redis::aio::MultiplexedConnection| -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(raw)
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let before = script_calls(&mut raw).await;
+    // Three leases: about nine renewals, one every 200 ms.
+    tokio::time::sleep(3 * lease).await;
+    let renewals = script_calls(&mut raw).await - before;
+    assert!(!guard.is_lost(), "a healthy lock is not reported lost");
+    assert!(
+        (4..=12).contains(&renewals),
+        "{renewals} renewals in three leases"
+    );
+    assert!(guard.release().await.unwrap());
+}
