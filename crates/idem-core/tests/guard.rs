@@ -442,3 +442,68 @@ async fn storing_the_outcome_retries_transient_failures_twice() {
         .await;
     assert!(matches!(r, Err(GuardError::Store(_))), "{r:?}");
 }
+
+fn count(n: &AtomicU32) -> u32 {
+    n.load(Ordering::SeqCst)
+}
+
+/// The watchdog renews every third of the lease, not more often: a handler
+/// shorter than a third of a lease is never renewed, and one of a lease and
+/// a sixth is renewed three times.
+#[tokio::test(start_paused = true)]
+async fn watchdog_renews_every_third_of_the_lease() {
+    let store = Switchable::new(MemoryStore::new());
+    let guard = Guard::new(store.clone()).lease(Lease::from_secs(30));
+    for (k, runs_for, renewals) in [("short", 9, 0), ("long", 35, 3)] {
+        let before = count(&store.calls().extend);
+        guard
+            .run(&key(k), None, |claim| async move {
+                tokio::time::sleep(Duration::from_secs(runs_for)).await;
+                assert!(!claim.is_lost());
+                Ok::<_, String>(())
+            })
+            .await
+            .unwrap();
+        assert_eq!(count(&store.calls().extend) - before, renewals, "{k}");
+    }
+}
+
+/// A failed renewal is retried every twelfth of the lease until a third of
+/// the lease is left; then the handler is told, 20 s into a 30 s lease.
+#[tokio::test(start_paused = true)]
+async fn failed_renewals_are_retried_until_a_third_of_the_lease_is_left() {
+    let store = Switchable::new(MemoryStore::new());
+    let guard = Guard::new(store.clone()).lease(Lease::from_secs(30));
+    let down = store.clone();
+    let start = tokio::time::Instant::now();
+    let told_after = guard
+        .run(&key("renewals-retried"), None, |claim| async move {
+            down.set_down(true);
+            claim.lost().await;
+            down.set_down(false);
+            Err::<(), _>(start.elapsed())
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(told_after, GuardError::Handler(d) if d == Duration::from_secs(20)));
+    // At 10 s, then every 2.5 s: 12.5, 15 and 17.5 s.
+    assert_eq!(count(&store.calls().extend), 4);
+}
+
+/// A run that completes leaves nothing to release; one that fails releases
+/// once.
+#[tokio::test]
+async fn completed_runs_release_nothing() {
+    let store = Switchable::new(MemoryStore::new());
+    let guard = Guard::new(store.clone());
+    guard
+        .run(&key("no-release"), None, |_| async { Ok::<_, String>(1) })
+        .await
+        .unwrap();
+    tokio::task::yield_now().await;
+    assert_eq!(count(&store.calls().release), 0);
+    let _ = guard
+        .run(&key("one-release"), None, |_| async { Err::<u32, _>("no") })
+        .await;
+    assert_eq!(count(&store.calls().release), 1);
+}

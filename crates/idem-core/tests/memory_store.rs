@@ -120,6 +120,74 @@ async fn batch_that_does_not_fit_acquires_nothing() {
     );
 }
 
+/// Room is counted exactly: a batch naming one new key twice takes one
+/// record's room, and a stale release frees none.
+#[tokio::test]
+async fn capacity_counts_exactly_what_is_held() {
+    let store = MemoryStore::builder()
+        .capacity(2)
+        .sweep_interval(None)
+        .build();
+    assert!(store.is_empty());
+    let twice = BeginItem {
+        key: key(0),
+        fingerprint: None,
+        lease: Lease::from_secs(10),
+    };
+    let begun = store.begin_many(&[twice.clone(), twice]).await.unwrap();
+    assert!(matches!(begun[1], Begin::InProgress { .. }), "{begun:?}");
+    assert!(!store.is_empty());
+    let held = acquire(&store, &key(1)).await.unwrap();
+    let stale = idem_core::FencingToken::new(held.token.get() + 1000);
+    assert_eq!(store.release(&key(1), stale).await.unwrap(), Fenced::Stale);
+    assert!(
+        matches!(
+            store.begin(&key(2), None, Lease::from_secs(10)).await,
+            Err(StoreError::CapacityExceeded { limit: 2 })
+        ),
+        "the store is full: a stale release freed nothing"
+    );
+}
+
+/// A full store whose records have expired makes room for a batch by
+/// sweeping at once, before the sweeper's next round.
+#[tokio::test]
+async fn full_store_sweeps_expired_records_for_a_batch() {
+    let clock = ManualClock::new();
+    let limits = idem_core::Limits {
+        max_outcome_bytes: 64,
+        ..Default::default()
+    };
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .limits(limits.clone())
+        .capacity(2)
+        .sweep_interval(None)
+        .build();
+    assert_eq!(store.limits(), &limits);
+    for i in 0..2 {
+        let c = acquire(&store, &key(i)).await.unwrap();
+        let done = store
+            .complete(&key(i), c.token, None, Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert_eq!(done, Fenced::Ok(()));
+    }
+    clock.advance(Duration::from_secs(2));
+    let items: Vec<BeginItem> = (2..4)
+        .map(|i| BeginItem {
+            key: key(i),
+            fingerprint: None,
+            lease: Lease::from_secs(10),
+        })
+        .collect();
+    let begun = store.begin_many(&items).await.unwrap();
+    assert!(
+        begun.iter().all(|b| matches!(b, Begin::Acquired(_))),
+        "{begun:?}"
+    );
+}
+
 #[tokio::test]
 async fn sweeper_removes_expired_records_only() {
     let clock = ManualClock::new();

@@ -350,14 +350,15 @@ impl Inner {
     }
 
     /// Reads the record of `enc` without holding its shard's lock (a read
-    /// may wait for the disk), then locks the shard. If a completion
-    /// finished in that shard meanwhile (rare), reads once more under the
-    /// lock, so what it returns is current while the lock is held.
+    /// may wait for the disk), then locks the shard. `finished` is the
+    /// shard's count of finished completions before the read: if one
+    /// finished meanwhile (rare), reads once more under the lock, so what it
+    /// returns is current while the lock is held.
     fn read_then_lock(
         &self,
         enc: &[u8],
+        finished: u64,
     ) -> Result<(MutexGuard<'_, claims::Shard>, Option<Completed>), StoreError> {
-        let finished = self.claims.lock(enc).finished;
         let stored = self.read_completed(enc)?;
         let shard = self.claims.lock(enc);
         if shard.finished == finished {
@@ -367,38 +368,25 @@ impl Inner {
         Ok((shard, stored))
     }
 
-    /// `begin` decided in memory when the key has a claim; `None` when the
-    /// stored record must be read.
-    fn begin_in_memory(
-        &self,
-        key: &Key,
-        fingerprint: Option<Fingerprint>,
-        lease: Lease,
-    ) -> Result<Option<Begin>, StoreError> {
-        self.limits.check_begin(key, lease)?;
-        self.check_healthy()?;
-        let enc = encoded(key);
-        let mut shard = self.claims.lock(&enc);
-        if !shard.claims.contains_key(&enc) {
-            return Ok(None);
-        }
-        self.begin_held(&mut shard, enc, fingerprint, lease)
-            .map(Some)
-    }
-
-    /// `begin`, reading the stored record if need be (one point read, outside
-    /// the shard's lock).
+    /// `begin`, decided in memory when the key has a claim, else after one
+    /// point read of the stored record, outside the shard's lock.
     fn begin(
         &self,
         key: &Key,
         fingerprint: Option<Fingerprint>,
         lease: Lease,
     ) -> Result<Begin, StoreError> {
-        if let Some(answer) = self.begin_in_memory(key, fingerprint, lease)? {
-            return Ok(answer);
-        }
+        self.limits.check_begin(key, lease)?;
+        self.check_healthy()?;
         let enc = encoded(key);
-        let (mut shard, stored) = self.read_then_lock(&enc)?;
+        let finished = {
+            let mut shard = self.claims.lock(&enc);
+            if shard.claims.contains_key(&enc) {
+                return self.begin_held(&mut shard, enc, fingerprint, lease);
+            }
+            shard.finished
+        };
+        let (mut shard, stored) = self.read_then_lock(&enc, finished)?;
         if shard.claims.contains_key(&enc) {
             // Claimed while the record was read.
             return self.begin_held(&mut shard, enc, fingerprint, lease);
@@ -623,7 +611,8 @@ impl Inner {
         self.limits.check_key(key)?;
         self.check_healthy()?;
         let enc = encoded(key);
-        let (shard, stored) = self.read_then_lock(&enc)?;
+        let finished = self.claims.lock(&enc).finished;
+        let (shard, stored) = self.read_then_lock(&enc, finished)?;
         if let Some(c) = shard.claims.get(&enc) {
             return Ok(Some(in_progress(c)));
         }

@@ -118,6 +118,16 @@ pub struct FileSettings {
     pub require_key: Option<bool>,
     /// `proxy` only.
     pub keyless_window_ms: Option<u64>,
+    /// `proxy` only.
+    #[serde(default)]
+    pub scope_headers: Vec<String>,
+    /// `proxy` only.
+    #[serde(default)]
+    pub scope_cookies: Vec<String>,
+    /// `proxy` only.
+    pub release_status: Option<String>,
+    /// `proxy` only.
+    pub max_response_bytes: Option<usize>,
 }
 
 /// `[[auth]]` in the file.

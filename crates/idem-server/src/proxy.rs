@@ -1,23 +1,27 @@
 //! `idem proxy`: the gateway in front of any HTTP service.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::response::IntoResponse;
 use clap::Args;
+use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use http::uri::{Authority, Scheme, Uri};
-use http::{Request, Response, StatusCode, header};
+use http::{HeaderValue, Request, Response, StatusCode, header};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem_core::{Lease, Namespace};
 use idem_http::api::Problem;
-use idem_http::gateway::{GatewayBody, GatewayConfig, IdempotencyLayer};
+use idem_http::gateway::{
+    GatewayBody, GatewayConfig, HeaderScope, IdempotencyLayer, ReleasePolicy,
+};
 use tower::{Layer, Service};
 
-use crate::config::{CommonArgs, bad, read_file, resolve_common};
+use crate::config::{CommonArgs, FileSettings, bad, read_file, resolve_common};
 use crate::{Failure, init_logging, serve_until_signal, store_url};
 
 /// `idem proxy`.
@@ -33,9 +37,42 @@ pub struct ProxyArgs {
     #[arg(long, env = "IDEM_REQUIRE_KEY", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub require_key: Option<bool>,
     /// Treat identical keyless requests from one client within this many ms
-    /// as one (e.g. 5000); off by default.
+    /// as one (e.g. 5000); off by default. Needs --scope-header or
+    /// --scope-cookie, to tell clients apart.
     #[arg(long, env = "IDEM_KEYLESS_WINDOW_MS", value_name = "MS")]
     pub keyless_window_ms: Option<u64>,
+    /// A header that identifies the client, e.g. X-API-Key: keys are scoped
+    /// by it, so two clients never see each other's responses. Repeat for
+    /// more; in IDEM_SCOPE_HEADERS separate them with `,` [default:
+    /// Authorization, unless --scope-cookie is given].
+    #[arg(
+        long = "scope-header",
+        env = "IDEM_SCOPE_HEADERS",
+        value_delimiter = ',',
+        value_name = "NAME"
+    )]
+    pub scope_headers: Vec<String>,
+    /// A cookie that identifies the client (a session cookie), like
+    /// --scope-header. Repeatable; `,`-separated in IDEM_SCOPE_COOKIES.
+    #[arg(
+        long = "scope-cookie",
+        env = "IDEM_SCOPE_COOKIES",
+        value_delimiter = ',',
+        value_name = "NAME"
+    )]
+    pub scope_cookies: Vec<String>,
+    /// Upstream statuses that release the key (the client may retry and
+    /// the retry reaches the upstream) instead of being stored and replayed;
+    /// `none` stores all. An unreachable upstream always releases [default:
+    /// 408,425,429,500-599].
+    #[arg(long, env = "IDEM_RELEASE_STATUS", value_name = "LIST")]
+    pub release_status: Option<String>,
+    /// Largest response body stored for replay, in bytes; a larger one
+    /// streams through to the client and a repeat of its key gets 409
+    /// `response-not-replayable`. At most --max-outcome-bytes [default:
+    /// 1048576].
+    #[arg(long, env = "IDEM_MAX_RESPONSE_BYTES", value_name = "BYTES")]
+    pub max_response_bytes: Option<usize>,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -54,28 +91,125 @@ pub async fn run(args: ProxyArgs) -> Result<(), Failure> {
         .keyless_window_ms
         .or(file.keyless_window_ms)
         .map(Duration::from_millis);
+    let scope = resolve_scope(args.scope_headers, args.scope_cookies, &file)?;
+    if keyless_window.is_some() && scope.is_none() {
+        return Err(bad(
+            "keyless_window_ms",
+            "the keyless window merges identical requests of one client, so it must know who the \
+             client is: add --scope-header NAME (e.g. Authorization or X-API-Key) or \
+             --scope-cookie NAME, naming what your clients authenticate with",
+        )
+        .into());
+    }
+    let release = match args.release_status.or(file.release_status.clone()) {
+        Some(text) => text
+            .parse::<ReleasePolicy>()
+            .map_err(|e| bad("release_status", e.to_string()))?,
+        None => ReleasePolicy::default(),
+    };
+    let max_response_bytes = args.max_response_bytes.or(file.max_response_bytes);
     let common = resolve_common(args.common, args.listen, "127.0.0.1:7701", &file)?;
+    let max_response_bytes = max_response_bytes.unwrap_or(common.limits.max_outcome_bytes);
+    if max_response_bytes == 0 || max_response_bytes > common.limits.max_outcome_bytes {
+        return Err(bad(
+            "max_response_bytes",
+            format!(
+                "must be from 1 to max_outcome_bytes ({}): a stored response cannot be larger \
+                 than the store's outcome limit (raise --max-outcome-bytes, or lower \
+                 --max-response-bytes)",
+                common.limits.max_outcome_bytes
+            ),
+        )
+        .into());
+    }
     init_logging(&common.log)?;
     let store = store_url::open(&common).await?;
     let config = GatewayConfig {
         namespace: Namespace::new("http").expect("a valid namespace"),
+        client_scope: Arc::new(scope.unwrap_or_default()),
         require_key,
         keyless_window,
         lease: Lease::new(common.default_lease),
         retention: common.default_retention,
         max_request_bytes: common.max_body_bytes,
+        max_response_bytes,
+        release,
         ..GatewayConfig::default()
     };
     tracing::info!(upstream = %upstream_text, store = %store.description, "starting idem proxy");
-    let gateway = IdempotencyLayer::new(store.store.clone(), config).layer(upstream);
-    let app = axum::Router::new().fallback_service(gateway);
+    let layer = IdempotencyLayer::new(store.store.clone(), config);
+    let gateway = layer.layer(upstream);
+    // The gateway is always ready (it awaits the upstream per request).
+    let app = axum::Router::new().fallback_service(tower::service_fn(
+        move |req: Request<axum::body::Body>| {
+            gateway.clone().call(req).map(|answer| {
+                Ok::<_, Infallible>(answer.unwrap_or_else(UpstreamError::into_response))
+            })
+        },
+    ));
     let served = serve_until_signal(app, &common, "proxy").await;
+    // Calls whose clients left are still running: let them store their
+    // answers before the store closes.
+    if tokio::time::timeout(SHUTDOWN_GRACE, layer.wait_detached())
+        .await
+        .is_err()
+    {
+        tracing::warn!("upstream calls still running after 30 s; their claims will expire");
+    }
     store.close();
     served
 }
 
-/// Forwards requests to the upstream service; a failed connection answers
-/// 502.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// `--scope-header` and `--scope-cookie` (flags and environment, else the
+/// file); `None` when neither is given.
+fn resolve_scope(
+    headers: Vec<String>,
+    cookies: Vec<String>,
+    file: &FileSettings,
+) -> Result<Option<HeaderScope>, crate::config::ConfigError> {
+    let from_flags = !headers.is_empty() || !cookies.is_empty();
+    let (headers, cookies) = match from_flags {
+        true => (headers, cookies),
+        false => (file.scope_headers.clone(), file.scope_cookies.clone()),
+    };
+    let headers: Vec<String> = headers
+        .into_iter()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .collect();
+    let cookies: Vec<String> = cookies
+        .into_iter()
+        .map(|c| c.trim().to_owned())
+        .filter(|c| !c.is_empty())
+        .collect();
+    if headers.is_empty() && cookies.is_empty() {
+        return Ok(None);
+    }
+    for h in &headers {
+        if HeaderScope::try_new([h]).is_err() {
+            return Err(bad(
+                "scope_headers",
+                format!("{h:?} is not a header name; give e.g. X-API-Key"),
+            ));
+        }
+    }
+    if let Some(c) = cookies.iter().find(|c| {
+        !c.bytes()
+            .all(|b| b.is_ascii_graphic() && !b"=;,".contains(&b))
+    }) {
+        return Err(bad(
+            "scope_cookies",
+            format!("{c:?} is not a cookie name; give e.g. session"),
+        ));
+    }
+    let scope = HeaderScope::try_new(&headers).expect("names checked above");
+    Ok(Some(cookies.into_iter().fold(scope, HeaderScope::cookie)))
+}
+
+/// Forwards requests to the upstream service; a failed connection is an
+/// [`UpstreamError`] (it releases the key), answered 502.
 #[derive(Clone)]
 struct Upstream {
     scheme: Scheme,
@@ -110,12 +244,28 @@ impl Upstream {
     }
 }
 
+/// The upstream could not be reached.
+struct UpstreamError(String);
+
+impl UpstreamError {
+    fn into_response(self) -> Response<GatewayBody> {
+        Problem::new(
+            StatusCode::BAD_GATEWAY,
+            "upstream-failed",
+            "Upstream failed",
+            format!("the upstream service could not be reached: {}", self.0),
+        )
+        .into_response()
+        .map(GatewayBody::new)
+    }
+}
+
 impl Service<Request<GatewayBody>> for Upstream {
     type Response = Response<GatewayBody>;
-    type Error = Infallible;
-    type Future = BoxFuture<'static, Result<Response<GatewayBody>, Infallible>>;
+    type Error = UpstreamError;
+    type Future = BoxFuture<'static, Result<Response<GatewayBody>, UpstreamError>>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), UpstreamError>> {
         Poll::Ready(Ok(()))
     }
 
@@ -136,6 +286,13 @@ impl Service<Request<GatewayBody>> for Upstream {
             };
             parts.uri = target;
             parts.headers.remove(header::HOST);
+            // `TE: trailers` is the one TE passed on: without it an HTTP/1
+            // upstream sends no trailers (gRPC's grpc-status).
+            let wants_trailers = parts
+                .headers
+                .get_all(header::TE)
+                .iter()
+                .any(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
             for hop in [
                 header::CONNECTION,
                 header::TE,
@@ -144,18 +301,16 @@ impl Service<Request<GatewayBody>> for Upstream {
             ] {
                 parts.headers.remove(hop);
             }
+            if wants_trailers {
+                parts
+                    .headers
+                    .insert(header::TE, HeaderValue::from_static("trailers"));
+            }
             match client.request(Request::from_parts(parts, body)).await {
                 Ok(response) => Ok(response.map(GatewayBody::new)),
                 Err(e) => {
                     tracing::warn!(error = %e, "upstream request failed");
-                    Ok(Problem::new(
-                        StatusCode::BAD_GATEWAY,
-                        "upstream-failed",
-                        "Upstream failed",
-                        format!("the upstream service could not be reached: {e}"),
-                    )
-                    .into_response()
-                    .map(GatewayBody::new))
+                    Err(UpstreamError(e.to_string()))
                 }
             }
         })

@@ -40,7 +40,15 @@ fn help_documents_every_option() {
     }
     let (code, out, _) = run(&["proxy", "--help"], &[]);
     assert_eq!(code, 0);
-    for option in ["--upstream", "--require-key", "--keyless-window-ms"] {
+    for option in [
+        "--upstream",
+        "--require-key",
+        "--keyless-window-ms",
+        "--scope-header",
+        "--scope-cookie",
+        "--release-status",
+        "--max-response-bytes",
+    ] {
         assert!(
             out.contains(option),
             "proxy --help does not mention {option}"

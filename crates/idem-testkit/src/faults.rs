@@ -18,6 +18,27 @@ pub struct Switchable<S> {
     inner: S,
     down: Arc<AtomicBool>,
     failing_completes: Arc<AtomicU32>,
+    calls: Arc<Counts>,
+}
+
+/// How often each single-key operation was called on a [`Switchable`],
+/// failed calls included.
+#[derive(Debug, Default)]
+pub struct Counts {
+    /// `begin`.
+    pub begin: AtomicU32,
+    /// `complete`.
+    pub complete: AtomicU32,
+    /// `release`.
+    pub release: AtomicU32,
+    /// `extend`.
+    pub extend: AtomicU32,
+}
+
+impl Counts {
+    fn count(n: &AtomicU32) {
+        n.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 impl<S: Store> Switchable<S> {
@@ -27,7 +48,13 @@ impl<S: Store> Switchable<S> {
             inner,
             down: Arc::default(),
             failing_completes: Arc::default(),
+            calls: Arc::default(),
         }
+    }
+
+    /// How often each operation has been called so far.
+    pub fn calls(&self) -> &Counts {
+        &self.calls
     }
 
     /// Makes the next `n` calls of `complete` fail as an unreachable store
@@ -61,6 +88,7 @@ impl<S: Store> Store for Switchable<S> {
         fingerprint: Option<Fingerprint>,
         lease: Lease,
     ) -> Result<Begin, StoreError> {
+        Counts::count(&self.calls.begin);
         self.check()?;
         self.inner.begin(key, fingerprint, lease).await
     }
@@ -71,6 +99,7 @@ impl<S: Store> Store for Switchable<S> {
         outcome: Option<Bytes>,
         retention: Duration,
     ) -> Result<Fenced, StoreError> {
+        Counts::count(&self.calls.complete);
         self.check()?;
         let failing =
             self.failing_completes
@@ -81,6 +110,7 @@ impl<S: Store> Store for Switchable<S> {
         self.inner.complete(key, token, outcome, retention).await
     }
     async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
+        Counts::count(&self.calls.release);
         self.check()?;
         self.inner.release(key, token).await
     }
@@ -90,6 +120,7 @@ impl<S: Store> Store for Switchable<S> {
         token: FencingToken,
         lease: Lease,
     ) -> Result<Fenced<Timestamp>, StoreError> {
+        Counts::count(&self.calls.extend);
         self.check()?;
         self.inner.extend(key, token, lease).await
     }

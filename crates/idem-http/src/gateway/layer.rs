@@ -1,6 +1,7 @@
 use std::sync::Arc;
 
 use idem_core::Store;
+use tokio_util::task::TaskTracker;
 use tower::Layer;
 
 use super::{GatewayConfig, Idempotency};
@@ -18,6 +19,7 @@ use super::{GatewayConfig, Idempotency};
 pub struct IdempotencyLayer<S> {
     store: S,
     config: Arc<GatewayConfig>,
+    tasks: TaskTracker,
 }
 
 impl<S: Store + Clone> IdempotencyLayer<S> {
@@ -26,7 +28,22 @@ impl<S: Store + Clone> IdempotencyLayer<S> {
         Self {
             store,
             config: Arc::new(config),
+            tasks: TaskTracker::new(),
         }
+    }
+
+    /// Waits until every detached upstream call of the services this layer
+    /// made has finished and stored its answer: call it at shutdown, after
+    /// the server stopped taking requests, so that answers to clients that
+    /// already left are not lost.
+    ///
+    /// # Cancel safety
+    ///
+    /// Only waits: dropping it changes nothing.
+    pub async fn wait_detached(&self) {
+        self.tasks.close();
+        self.tasks.wait().await;
+        self.tasks.reopen();
     }
 }
 
@@ -34,6 +51,11 @@ impl<S: Store + Clone, I> Layer<I> for IdempotencyLayer<S> {
     type Service = Idempotency<S, I>;
 
     fn layer(&self, inner: I) -> Self::Service {
-        Idempotency::new(self.store.clone(), self.config.clone(), inner)
+        Idempotency::with_tasks(
+            self.store.clone(),
+            self.config.clone(),
+            self.tasks.clone(),
+            inner,
+        )
     }
 }

@@ -1,54 +1,70 @@
-//! The `Idempotency-Key` gateway (DESIGN.md §6), after the IETF
+//! The `Idempotency-Key` gateway (`docs/contract.md` §6), after the IETF
 //! Idempotency-Key draft and Stripe's documented behaviour.
 //!
 //! For covered methods (POST and PATCH by default):
 //! - The key comes from the `Idempotency-Key` header (a plain token or a
 //!   quoted string; 1 to [`GatewayConfig::max_key_bytes`] visible ASCII
-//!   bytes), scoped by the client: a hash of its `Authorization` header, so
-//!   two clients never see each other's responses.
+//!   bytes), scoped by the client ([`GatewayConfig::client_scope`]: the
+//!   `Authorization` header by default, or an API-key header, a cookie, any
+//!   [`ClientScope`]), so two clients never see each other's responses.
 //! - The fingerprint is SHA-256 of method, path, query and body.
-//! - First request: claim, forward, store status, headers and body. An
-//!   upstream 5xx or failure releases the key, so the client may retry.
+//! - First request: claim, forward, store status, headers, body and
+//!   trailers. The upstream call runs detached from the caller (spawned): a
+//!   client that times out or disconnects never cancels it, its answer is
+//!   stored, and the retry gets it replayed.
+//! - Statuses in [`GatewayConfig::release`] (408, 425, 429 and 5xx by
+//!   default), an unreachable upstream, or a body that fails mid-way release
+//!   the key, so the client may retry; every other status is stored.
 //! - Repeat after completion: the stored response, with
 //!   `Idempotent-Replayed: true`.
 //! - Repeat while the first is running: 409 with `Retry-After`.
 //! - Same key, other content: 422. Malformed key: 400. Missing key: passed
 //!   through, or 400 when [`GatewayConfig::require_key`] is set, or — with
 //!   [`GatewayConfig::keyless_window`] — identical requests from one client
-//!   within the window count as one.
+//!   within the window count as one. Keyless requests that carry no client
+//!   identity are never merged: they pass through.
 //!
-//! Responses whose body would take the stored record over the store's
-//! `max_outcome_bytes` are still returned in full to the first caller, and
-//! the request still counts as done (it is never run twice); replays of it
-//! carry the status and headers, an empty body, and
-//! `Idempotent-Body-Omitted: true`. Headers never stored: hop-by-hop ones,
+//! A response whose body is over [`GatewayConfig::max_response_bytes`] (or
+//! would take the record over the store's `max_outcome_bytes`) is not held
+//! in memory: it streams through to the first caller, and the key is marked
+//! done but not replayable. A repeat gets 409 `response-not-replayable`
+//! without `Retry-After`: the request is never run twice, and the client
+//! needs a new key to run it again. Headers never stored: hop-by-hop ones,
 //! `Content-Length`, `Date` and `Set-Cookie`.
 //!
 //! Error answers are `application/problem+json`.
 
+mod forward;
 mod future;
 mod layer;
+mod policy;
+mod scope;
 mod stored;
 
+use std::fmt;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::response::IntoResponse;
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use idem_core::{BoxError, Codec, Fingerprint, Guard, GuardError, Key, Lease, Namespace, Store};
 use sha2::{Digest, Sha256};
+use tokio::sync::oneshot;
+use tokio_util::task::TaskTracker;
 use tower::{Service, ServiceExt};
 
+use self::forward::{Forward, Forwarded, reply};
 pub use self::future::ResponseFuture;
 pub use self::layer::IdempotencyLayer;
-use self::stored::{ResponseCodec, StoredResponse};
+pub use self::policy::{ReleasePolicy, ReleasePolicyError};
+pub use self::scope::{ClientScope, HeaderScope};
+use self::stored::ResponseCodec;
 use crate::api::Problem;
 
 /// The body of every response the gateway gives, and of every request it
@@ -86,8 +102,8 @@ impl Body for GatewayBody {
     }
 }
 
-impl std::fmt::Debug for GatewayBody {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Debug for GatewayBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("GatewayBody")
     }
 }
@@ -96,21 +112,22 @@ impl std::fmt::Debug for GatewayBody {
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 /// Set on replayed responses.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-/// Set on replays whose body was too large to store.
-pub const IDEMPOTENT_BODY_OMITTED: HeaderName = HeaderName::from_static("idempotent-body-omitted");
 
 /// How the gateway behaves.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct GatewayConfig {
     /// The store namespace for its records (default `http`).
     pub namespace: Namespace,
     /// Methods it covers (default POST and PATCH); others pass through.
     pub methods: Vec<Method>,
+    /// Who the client is (default: the `Authorization` header). Keys are
+    /// scoped by it, so set it to what authenticates your clients.
+    pub client_scope: Arc<dyn ClientScope>,
     /// Refuse covered requests without a key (400) instead of passing them.
     pub require_key: bool,
     /// Treat identical keyless requests from one client within this window
     /// as one (a double click). `None` (default) turns it off; 5 s is the
-    /// usual choice.
+    /// usual choice. Only requests with a client identity are merged.
     pub keyless_window: Option<Duration>,
     /// The claim's lease, renewed while the request runs (default 60 s).
     pub lease: Lease,
@@ -122,6 +139,13 @@ pub struct GatewayConfig {
     /// Largest request body buffered for fingerprinting (default 16 MiB);
     /// larger requests get 413.
     pub max_request_bytes: usize,
+    /// Largest response body stored for replay (default 1 MiB, the store's
+    /// default outcome limit); larger ones stream through and are not
+    /// replayable.
+    pub max_response_bytes: usize,
+    /// Upstream statuses that release the key instead of being stored
+    /// (default 408, 425, 429 and 5xx).
+    pub release: ReleasePolicy,
     /// Run requests unguarded when the store is down (default: answer 503).
     pub fail_open: bool,
 }
@@ -131,29 +155,72 @@ impl Default for GatewayConfig {
         Self {
             namespace: Namespace::new("http").expect("a valid namespace"),
             methods: vec![Method::POST, Method::PATCH],
+            client_scope: Arc::new(HeaderScope::default()),
             require_key: false,
             keyless_window: None,
             lease: Lease::from_secs(60),
             retention: Duration::from_secs(24 * 3600),
             max_key_bytes: 200,
             max_request_bytes: 16 * 1024 * 1024,
+            max_response_bytes: 1024 * 1024,
+            release: ReleasePolicy::default(),
             fail_open: false,
         }
     }
 }
 
+impl fmt::Debug for GatewayConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GatewayConfig")
+            .field("namespace", &self.namespace)
+            .field("methods", &self.methods)
+            .field("require_key", &self.require_key)
+            .field("keyless_window", &self.keyless_window)
+            .field("lease", &self.lease)
+            .field("retention", &self.retention)
+            .field("max_key_bytes", &self.max_key_bytes)
+            .field("max_request_bytes", &self.max_request_bytes)
+            .field("max_response_bytes", &self.max_response_bytes)
+            .field("release", &self.release)
+            .field("fail_open", &self.fail_open)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The gateway service; see the [module docs](self).
+///
+/// A covered request with a key is claimed in the store and then forwarded
+/// by a task spawned on the current Tokio runtime, which stores the upstream's answer whatever happens
+/// to the caller; [`IdempotencyLayer::wait_detached`] waits for those tasks
+/// (at shutdown).
+///
+/// # Cancel safety
+///
+/// Dropping the [`ResponseFuture`] (the client timed out or disconnected):
+/// - while the request body is being read, nothing has happened: the key
+///   was not claimed;
+/// - once the key is claimed, the upstream call, storing its answer (or
+///   releasing the key under the [`ReleasePolicy`]) and the lease renewals
+///   carry on in the spawned task, so a retry gets 409 with `Retry-After`
+///   while it runs and the stored answer, replayed, after;
+/// - requests that are not guarded (methods not covered, no key) are
+///   forwarded in the caller's future and cancelled with it.
 #[derive(Clone, Debug)]
 pub struct Idempotency<S, I> {
     guard: Guard<S>,
     keyless: Guard<S>,
     config: Arc<GatewayConfig>,
+    tasks: TaskTracker,
     inner: I,
 }
 
 impl<S: Store + Clone, I> Idempotency<S, I> {
     /// Wraps `inner`.
     pub fn new(store: S, config: Arc<GatewayConfig>, inner: I) -> Self {
+        Self::with_tasks(store, config, TaskTracker::new(), inner)
+    }
+
+    fn with_tasks(store: S, config: Arc<GatewayConfig>, tasks: TaskTracker, inner: I) -> Self {
         let guard = Guard::new(store)
             .lease(config.lease)
             .retention(config.retention)
@@ -165,35 +232,18 @@ impl<S: Store + Clone, I> Idempotency<S, I> {
             guard,
             keyless,
             config,
+            tasks,
             inner,
         }
     }
 }
 
-fn boxed<B>(body: B) -> GatewayBody
-where
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    GatewayBody::new(body)
-}
-
 fn problem(p: Problem) -> Response<GatewayBody> {
-    p.into_response().map(boxed)
+    p.into_response().map(GatewayBody::new)
 }
 
 fn full(bytes: Bytes) -> GatewayBody {
-    boxed(Full::new(bytes))
-}
-
-/// Why a guarded request did not produce a response to store.
-enum Forward<E> {
-    /// The upstream answered 5xx: released, passed on.
-    Upstream(Response<GatewayBody>),
-    /// The inner service failed: released, error passed on.
-    Inner(E),
-    /// The upstream's body failed mid-way: released, 502.
-    Body(BoxError),
+    GatewayBody::new(Full::new(bytes))
 }
 
 /// The key from the header: a token, or a quoted string as the draft has it.
@@ -223,13 +273,9 @@ fn parse_key(raw: &HeaderValue, max: usize) -> Result<String, Problem> {
     Ok(text.to_owned())
 }
 
-/// Who is asking: a hash of the `Authorization` header, so keys of two
-/// clients never meet.
-fn client_scope(headers: &http::HeaderMap) -> String {
-    match headers.get(header::AUTHORIZATION) {
-        Some(v) => hex::encode(&Sha256::digest(v.as_bytes())[..8]),
-        None => "anonymous".to_owned(),
-    }
+/// The scope part of a stored key: a short hash of the client's identity.
+fn scope_hash(identity: &[u8]) -> String {
+    hex::encode(&Sha256::digest(identity)[..8])
 }
 
 fn fingerprint(parts: &http::request::Parts, body: &[u8]) -> Fingerprint {
@@ -245,20 +291,17 @@ fn fingerprint(parts: &http::request::Parts, body: &[u8]) -> Fingerprint {
     Fingerprint::from_bytes(digest[..16].try_into().expect("16 bytes"))
 }
 
-fn reply(stored: StoredResponse, replayed: bool) -> Response<GatewayBody> {
-    let mut response = Response::new(full(stored.body));
-    *response.status_mut() = stored.status;
-    let headers = response.headers_mut();
-    for (name, value) in stored.headers {
-        headers.append(name, value);
-    }
-    if replayed {
-        headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-        if stored.body_omitted {
-            headers.insert(IDEMPOTENT_BODY_OMITTED, HeaderValue::from_static("true"));
-        }
-    }
-    response
+fn not_replayable(status: StatusCode, limit: usize) -> Response<GatewayBody> {
+    problem(Problem::new(
+        StatusCode::CONFLICT,
+        "response-not-replayable",
+        "Response not replayable",
+        format!(
+            "the request with this Idempotency-Key was already processed (the upstream answered {status}), \
+             but its response body was over the gateway's {limit}-byte replay limit and was not stored; \
+             it will not run again: send a new Idempotency-Key to run it again"
+        ),
+    ))
 }
 
 impl<S, I, ReqB, ResB> Service<Request<ReqB>> for Idempotency<S, I>
@@ -298,11 +341,13 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
 {
-    async fn forward(
-        inner: I,
-        req: Request<GatewayBody>,
-    ) -> Result<Response<GatewayBody>, I::Error> {
-        inner.oneshot(req).await.map(|r| r.map(boxed))
+    async fn pass<ReqB>(inner: I, req: Request<ReqB>) -> Result<Response<GatewayBody>, I::Error>
+    where
+        ReqB: Body<Data = Bytes> + Send + 'static,
+        ReqB::Error: Into<BoxError>,
+    {
+        let req = req.map(GatewayBody::new);
+        inner.oneshot(req).await.map(|r| r.map(GatewayBody::new))
     }
 
     async fn handle<ReqB>(self, req: Request<ReqB>) -> Result<Response<GatewayBody>, I::Error>
@@ -310,9 +355,9 @@ where
         ReqB: Body<Data = Bytes> + Send + 'static,
         ReqB::Error: Into<BoxError>,
     {
-        let config = &self.config;
+        let config = self.config.clone();
         if !config.methods.contains(req.method()) {
-            return Self::forward(self.inner, req.map(boxed)).await;
+            return Self::pass(self.inner, req).await;
         }
         let raw_key = match req.headers().get(IDEMPOTENCY_KEY) {
             Some(raw) => match parse_key(raw, config.max_key_bytes) {
@@ -331,11 +376,17 @@ where
                 )));
             }
             None if config.keyless_window.is_none() => {
-                return Self::forward(self.inner, req.map(boxed)).await;
+                return Self::pass(self.inner, req).await;
             }
             None => None,
         };
         let (parts, body) = req.into_parts();
+        let identity = config.client_scope.identify(&parts);
+        if raw_key.is_none() && identity.is_none() {
+            // Without an identity, identical requests of two clients would
+            // be merged: keyless requests of unknown clients are not guarded.
+            return Self::pass(self.inner, Request::from_parts(parts, body)).await;
+        }
         let body = match Limited::new(body, config.max_request_bytes).collect().await {
             Ok(collected) => collected.to_bytes(),
             Err(e) if e.is::<http_body_util::LengthLimitError>() => {
@@ -356,48 +407,63 @@ where
             }
         };
         let fp = fingerprint(&parts, &body);
-        let scope = client_scope(&parts.headers);
+        let scope = identity.map_or_else(|| "anonymous".to_owned(), |id| scope_hash(&id));
         let (store_key, guard) = match &raw_key {
-            Some(k) => (format!("{scope}:{k}"), &self.guard),
-            None => (format!("{scope}:~{}", fp.to_hex()), &self.keyless),
+            Some(k) => (format!("{scope}:{k}"), self.guard),
+            None => (format!("{scope}:~{}", fp.to_hex()), self.keyless),
         };
         let key = match Key::in_namespace(config.namespace.clone(), store_key) {
             Ok(k) => k,
             Err(e) => return Ok(problem(Problem::invalid(&e))),
         };
-        let codec = ResponseCodec {
-            max_bytes: guard.store().limits().max_outcome_bytes,
-        };
-        let ran = AtomicBool::new(false);
-        let inner = self.inner.clone();
         let request = Request::from_parts(parts, full(body));
+        let (answer, answered) = oneshot::channel();
+        let inner = self.inner;
+        self.tasks.spawn(async move {
+            let response = Self::guarded(guard, &config, key, fp, inner, request).await;
+            // The caller may be gone: the answer is stored all the same.
+            let _ = answer.send(response);
+        });
+        answered.await.unwrap_or_else(|_| {
+            Ok(problem(Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "Internal error",
+                "the gateway's upstream call ended without an answer (it panicked)",
+            )))
+        })
+    }
+
+    /// Claims `key`, forwards, stores or releases: the detached part.
+    async fn guarded(
+        guard: Guard<S>,
+        config: &GatewayConfig,
+        key: Key,
+        fp: Fingerprint,
+        inner: I,
+        request: Request<GatewayBody>,
+    ) -> Result<Response<GatewayBody>, I::Error> {
+        let store_limit = guard.store().limits().max_outcome_bytes;
+        let codec = ResponseCodec {
+            max_bytes: store_limit,
+        };
+        let limit = config.max_response_bytes.min(store_limit);
+        let mut ran = false;
         let outcome = guard
             .run_with(
                 &codec,
                 &key,
                 Some(fp),
-                |_claim| async {
-                    ran.store(true, Ordering::Relaxed);
-                    let response = Self::forward(inner, request)
-                        .await
-                        .map_err(Forward::Inner)?;
-                    if response.status().is_server_error() {
-                        return Err(Forward::Upstream(response));
-                    }
-                    let (parts, body) = response.into_parts();
-                    let body = body.collect().await.map_err(Forward::Body)?.to_bytes();
-                    Ok(StoredResponse::from_parts(
-                        parts.status,
-                        &parts.headers,
-                        body,
-                    ))
+                |_claim| {
+                    ran = true;
+                    forward::call(inner, request, &config.release, limit)
                 },
                 |_| async {},
             )
             .await;
-        let replayed = !ran.load(Ordering::Relaxed);
         Ok(match outcome {
-            Ok(stored) => reply(stored, replayed),
+            Ok(f) if !ran && f.stored.body_omitted => not_replayable(f.stored.status, limit),
+            Ok(f) => reply(f, !ran),
             Err(GuardError::InProgress { retry_after }) => problem(
                 Problem::new(
                     StatusCode::CONFLICT,
@@ -413,7 +479,7 @@ where
                 "Idempotency-Key reused",
                 "this Idempotency-Key was used for a different request (method, path, query or body differ)",
             )),
-            Err(GuardError::Handler(Forward::Upstream(response))) => response,
+            Err(GuardError::Handler(Forward::Released(response))) => response,
             Err(GuardError::Handler(Forward::Inner(e))) => return Err(e),
             Err(GuardError::Handler(Forward::Body(e))) => problem(Problem::new(
                 StatusCode::BAD_GATEWAY,
@@ -421,12 +487,15 @@ where
                 "Upstream failed",
                 format!("reading the upstream response failed: {e}"),
             )),
-            Err(GuardError::LeaseLost { outcome }) => match codec.decode(Some(&outcome)) {
-                Ok(stored) => reply(stored, false),
-                Err(e) => problem(Problem::store(idem_core::StoreError::Corrupt(
-                    e.to_string(),
-                ))),
-            },
+            Err(GuardError::LeaseLost { outcome }) => {
+                match Codec::<Forwarded>::decode(&codec, Some(&outcome)) {
+                    Ok(f) if f.stored.body_omitted => not_replayable(f.stored.status, limit),
+                    Ok(f) => reply(f, false),
+                    Err(e) => problem(Problem::store(idem_core::StoreError::Corrupt(
+                        e.to_string(),
+                    ))),
+                }
+            }
             Err(GuardError::Invalid(e)) => problem(Problem::invalid(&e)),
             Err(GuardError::Store(e)) => problem(Problem::store(e)),
             Err(GuardError::Outcome(e)) => problem(Problem::new(
