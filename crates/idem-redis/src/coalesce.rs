@@ -17,7 +17,7 @@ use futures_util::future::BoxFuture;
 use idem_core::StoreError;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::ITEMS_PER_CALL;
+use crate::script::ITEMS_PER_CALL;
 
 /// Most batched calls the driver keeps out at once; the operations that
 /// arrive meanwhile form the next batch. Measured at 64 tasks on two cores:
@@ -27,9 +27,15 @@ const CALLS_IN_FLIGHT: usize = 8;
 
 type Reply<O> = oneshot::Sender<Result<O, StoreError>>;
 
-/// Performs a batch, answering each item in order.
+/// Performs a batch, answering each item in order, each on its own: an
+/// item whose part of the batch failed gets the error, the others their
+/// answers.
 type Run<I, O> =
-    Arc<dyn Fn(Vec<I>) -> BoxFuture<'static, Result<Vec<O>, StoreError>> + Send + Sync>;
+    Arc<dyn Fn(Arc<Vec<I>>) -> BoxFuture<'static, Vec<Result<O, StoreError>>> + Send + Sync>;
+
+/// Takes care of an answer that came back for a caller who had stopped
+/// waiting after its item was sent.
+type Unheard<I, O> = Arc<dyn Fn(&I, O) + Send + Sync>;
 
 /// Sends single operations of one kind (`I` in, `O` out): straight out, or
 /// gathered into batches.
@@ -58,20 +64,25 @@ impl Drop for Busy {
     }
 }
 
-impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
-    /// `run` performs a batch and answers each item in order. With
-    /// `batching`, starts the driver on the current Tokio runtime; without,
-    /// every operation goes straight out.
-    pub(crate) fn start<F, Fut>(run: F, batching: bool) -> Self
+impl<I: Send + Sync + 'static, O: Send + 'static> Coalescer<I, O> {
+    /// `run` performs a batch and answers each item in order; `unheard`
+    /// takes an answer whose caller stopped waiting after its item was sent
+    /// in a batch. With `batching`, starts the driver on the current Tokio
+    /// runtime; without, every operation goes straight out.
+    pub(crate) fn start<F, Fut>(
+        run: F,
+        unheard: impl Fn(&I, O) + Send + Sync + 'static,
+        batching: bool,
+    ) -> Self
     where
-        F: Fn(Vec<I>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Vec<O>, StoreError>> + Send + 'static,
+        F: Fn(Arc<Vec<I>>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Vec<Result<O, StoreError>>> + Send + 'static,
     {
         let run: Run<I, O> = Arc::new(move |items| Box::pin(run(items)));
         let busy = Arc::new(AtomicUsize::new(0));
         let queue = batching.then(|| {
             let (queue, rx) = mpsc::unbounded_channel();
-            tokio::spawn(drive(rx, run.clone(), busy.clone()));
+            tokio::spawn(drive(rx, run.clone(), Arc::new(unheard), busy.clone()));
             queue
         });
         Coalescer { run, queue, busy }
@@ -80,8 +91,8 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
     /// Performs `item` as a batch of one.
     async fn direct(&self, item: I) -> Result<O, StoreError> {
         let _busy = Busy::enter(&self.busy);
-        let mut answers = (self.run)(vec![item]).await?;
-        Ok(answers.pop().expect("one answer per item"))
+        let mut answers = (self.run)(Arc::new(vec![item])).await;
+        answers.pop().expect("one answer per item")
     }
 
     /// Performs `item`: straight out when nothing is in flight (or
@@ -111,9 +122,10 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
 /// The driver: sends what has gathered whenever a call slot is free. Each
 /// call runs as a task of its own, so replies are read and answered on
 /// whichever worker thread is free.
-async fn drive<I: Send + 'static, O: Send + 'static>(
+async fn drive<I: Send + Sync + 'static, O: Send + 'static>(
     mut rx: mpsc::UnboundedReceiver<(I, Reply<O>)>,
     run: Run<I, O>,
+    unheard: Unheard<I, O>,
     busy: Arc<AtomicUsize>,
 ) {
     let slots = Arc::new(Semaphore::new(CALLS_IN_FLIGHT));
@@ -140,40 +152,29 @@ async fn drive<I: Send + 'static, O: Send + 'static>(
             continue;
         }
         let (items, replies): (Vec<I>, Vec<Reply<O>>) = batch.into_iter().unzip();
+        let items = Arc::new(items);
         let busy = Busy::enter(&busy);
-        let call = run(items);
+        let call = run(items.clone());
+        let unheard = unheard.clone();
         tokio::spawn(async move {
             let answers = call.await;
             drop((busy, slot));
-            answer(replies, answers);
+            answer(replies, &items, answers, &*unheard);
         });
     }
 }
 
-/// Hands each waiting caller its answer, or the batch's error.
-fn answer<O>(replies: Vec<Reply<O>>, answers: Result<Vec<O>, StoreError>) {
-    match answers {
-        Ok(answers) => {
-            for (reply, a) in replies.into_iter().zip(answers) {
-                // A caller that stopped waiting does not mind.
-                let _ = reply.send(Ok(a));
-            }
+/// Hands each waiting caller its own item's answer; one that stopped
+/// waiting leaves its answer to `unheard`.
+fn answer<I, O>(
+    replies: Vec<Reply<O>>,
+    items: &[I],
+    answers: Vec<Result<O, StoreError>>,
+    unheard: &(dyn Fn(&I, O) + Send + Sync),
+) {
+    for ((reply, item), a) in replies.into_iter().zip(items).zip(answers) {
+        if let Err(Ok(o)) = reply.send(a) {
+            unheard(item, o);
         }
-        Err(e) => {
-            for reply in replies {
-                let _ = reply.send(Err(copy(&e)));
-            }
-        }
-    }
-}
-
-/// The same error for every caller of a failed batch.
-fn copy(e: &StoreError) -> StoreError {
-    match e {
-        StoreError::Invalid(i) => StoreError::Invalid(i.clone()),
-        StoreError::CapacityExceeded { limit } => StoreError::CapacityExceeded { limit: *limit },
-        StoreError::Corrupt(s) => StoreError::Corrupt(s.clone()),
-        StoreError::Unavailable(inner) => StoreError::unavailable(inner.to_string()),
-        other => StoreError::unavailable(other.to_string()),
     }
 }

@@ -108,6 +108,10 @@ on_both!(
     only_the_owner_can_release_and_a_lost_lock_is_reported,
     waiters_are_served_first_come_first_served,
     names_and_leases_past_the_limits_are_refused_touching_nothing,
+    a_dropped_waiter_leaves_the_line,
+    a_wait_of_duration_max_waits_for_the_lock,
+    a_wait_longer_than_redis_counts_leaves_no_waiter_behind,
+    a_later_waiter_never_shortens_the_lines_life,
 );
 
 fn name(n: &str) -> String {
@@ -169,19 +173,22 @@ async fn thirty_two_contending_tasks_never_overlap(store: RedisStore, _raw: Raw)
 }
 
 async fn the_watchdog_keeps_a_long_holder_alive(store: RedisStore, _raw: Raw) {
-    let lock = store
-        .lock(&name("watchdog"))
-        .lease(Duration::from_millis(300));
+    let lease = Duration::from_millis(600);
+    let lock = store.lock(&name("watchdog")).lease(lease);
     let guard = lock.try_lock(Duration::ZERO).await.unwrap().unwrap();
     for _ in 0..4 {
         // Three leases and more.
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(lease / 2).await;
         assert!(
             lock.try_lock(Duration::ZERO).await.unwrap().is_none(),
             "taken from a live holder"
         );
     }
-    assert!(!guard.is_lost());
+    assert!(!guard.is_lost(), "a healthy lock is not reported lost");
+    assert!(
+        tokio::time::timeout(lease, guard.lost()).await.is_err(),
+        "a healthy lock is not reported lost"
+    );
     assert!(guard.release().await.unwrap());
     assert!(lock.try_lock(Duration::ZERO).await.unwrap().is_some());
 }
@@ -280,11 +287,12 @@ async fn names_and_leases_past_the_limits_are_refused_touching_nothing(
         InvalidInput::KeyTooLong { limit: 255, .. }
     ));
     let n = name("lease");
-    let too_long = Duration::from_secs(8 * 24 * 3600);
-    assert!(matches!(
-        refused(store.lock(&n).lease(too_long).try_lock(wait).await),
-        InvalidInput::LeaseTooLong { .. }
-    ));
+    for too_long in [Duration::from_secs(8 * 24 * 3600), Duration::MAX] {
+        assert!(matches!(
+            refused(store.lock(&n).lease(too_long).try_lock(wait).await),
+            InvalidInput::LeaseTooLong { .. }
+        ));
+    }
     for name in [&long, &n] {
         let keys = [":t", ":q", ":qd"].map(|s| format!("idem:{{lock:{name}}}{s}"));
         let found: usize = raw
@@ -299,4 +307,93 @@ async fn names_and_leases_past_the_limits_are_refused_touching_nothing(
     // Within the limits, the same store takes it.
     let guard = store.lock(&n).try_lock(wait).await.unwrap().unwrap();
     assert!(guard.release().await.unwrap());
+}
+
+/// Holds `lock` until the returned guard is released, and checks that a
+/// newcomer gets it within a second of the release: nobody who left the
+/// line is in its way.
+async fn newcomer_gets_it_after(lock: &idem_redis::Lock, holder: idem_redis::LockGuard) {
+    assert!(holder.release().await.unwrap());
+    let newcomer = lock
+        .try_lock(Duration::from_secs(1))
+        .await
+        .unwrap()
+        .expect("a newcomer gets the free lock: nobody gone is ahead of it");
+    assert!(newcomer.release().await.unwrap());
+}
+
+async fn a_dropped_waiter_leaves_the_line(store: RedisStore, _raw: Raw) {
+    let lock = store.lock(&name("dropped")).lease(Duration::from_secs(5));
+    let holder = lock.try_lock(Duration::ZERO).await.unwrap().unwrap();
+    // A waiter that meant to wait a minute is dropped (its caller timed
+    // out) while in line.
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(300),
+        lock.try_lock(Duration::from_secs(60)),
+    )
+    .await;
+    assert!(gave_up.is_err(), "still waiting when dropped");
+    newcomer_gets_it_after(&lock, holder).await;
+}
+
+async fn a_wait_of_duration_max_waits_for_the_lock(store: RedisStore, _raw: Raw) {
+    let lock = store.lock(&name("max")).lease(Duration::from_secs(5));
+    let holder = lock.try_lock(Duration::ZERO).await.unwrap().unwrap();
+    let waiter = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.try_lock(Duration::MAX).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(holder.release().await.unwrap());
+    let got = tokio::time::timeout(Duration::from_secs(3), waiter)
+        .await
+        .expect("the waiter gets the released lock")
+        .unwrap()
+        .unwrap()
+        .expect("acquired");
+    assert!(got.release().await.unwrap());
+}
+
+async fn a_wait_longer_than_redis_counts_leaves_no_waiter_behind(store: RedisStore, _raw: Raw) {
+    let lock = store.lock(&name("huge")).lease(Duration::from_secs(5));
+    let holder = lock.try_lock(Duration::ZERO).await.unwrap().unwrap();
+    // 10^18 ms: more than Redis takes as an expiry. Whether the call
+    // fails or waits, once it is over it holds no place in line.
+    let _ = tokio::time::timeout(
+        Duration::from_millis(300),
+        lock.try_lock(Duration::from_secs(1_000_000_000_000_000)),
+    )
+    .await;
+    newcomer_gets_it_after(&lock, holder).await;
+}
+
+async fn a_later_waiter_never_shortens_the_lines_life(store: RedisStore, mut raw: Raw) {
+    let n = name("line-life");
+    let holder = store
+        .lock(&n)
+        .lease(Duration::from_secs(5))
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    let queue = format!("idem:{{lock:{n}}}:q");
+    let pttl = async |raw: &mut Raw| -> i64 { raw.run(redis::cmd("PTTL").arg(&queue)).await };
+    let wait_in_line = |lease: Duration, wait: Duration| {
+        let lock = store.lock(&n).lease(lease);
+        tokio::spawn(async move { lock.try_lock(wait).await })
+    };
+    // A waiter with a long lease and a long wait; then one with short ones.
+    let first = wait_in_line(Duration::from_secs(60), Duration::from_secs(600));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let set_by_first = pttl(&mut raw).await;
+    let second = wait_in_line(Duration::from_millis(3), Duration::from_secs(1));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after_second = pttl(&mut raw).await;
+    assert!(
+        after_second > set_by_first - 1000,
+        "the line's life went from {set_by_first} ms to {after_second} ms"
+    );
+    first.abort();
+    second.abort();
+    assert!(holder.release().await.unwrap());
 }

@@ -8,13 +8,14 @@
 //! answer.
 
 use idem_testkit::cases::{acquired, deliver};
-use std::process::Stdio;
 use std::time::Duration;
 
 use idem_core::{Begin, Fenced, Key, Lease, Store, StoreError};
 use idem_redis::RedisStore;
 use idem_testkit::services;
-use tokio::process::{Child, Command};
+use support::{OwnRedis, cli, cluster_node as node, free_port, until};
+
+mod support;
 
 /// The shared Redis's URL.
 fn url() -> String {
@@ -81,70 +82,6 @@ async fn redis_itself_expires_records() {
     assert!(!exists, "Redis removed the expired record");
     let again = acquired(store.begin(&k, None, Lease::from_secs(5)).await.unwrap());
     assert!(again.token > c.token);
-}
-
-/// A Redis of our own on a free port, so restarting it disturbs no one.
-struct OwnRedis {
-    port: u16,
-    child: Option<Child>,
-}
-
-impl OwnRedis {
-    async fn start(port: u16) -> Self {
-        Self::start_with(port, &[] as &[&str]).await
-    }
-
-    async fn start_with(port: u16, extra: &[impl AsRef<std::ffi::OsStr>]) -> Self {
-        // A replica writes the snapshot it receives into its directory:
-        // keep that out of the source tree.
-        let dir = std::env::temp_dir().join(format!("idem-redis-test-{port}"));
-        std::fs::create_dir_all(&dir).expect("a temporary directory for redis-server");
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(&dir)
-            .args(extra)
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("redis-server is installed");
-        for _ in 0..100 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Self {
-            port,
-            child: Some(child),
-        }
-    }
-
-    async fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            c.kill().await.unwrap();
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -407,28 +344,6 @@ async fn concurrent_single_calls_are_batched_and_answered_each_their_own() {
     );
 }
 
-/// `redis-cli -p PORT ARGS…`: its answer.
-async fn cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .args(["-p", &port.to_string()])
-        .args(args)
-        .output()
-        .await
-        .expect("redis-cli runs");
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-/// Polls `check` every 50 ms for up to 10 s.
-async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    for _ in 0..200 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting until {what}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_failover_keeps_records_and_the_store_carries_on() {
     if !services::program("redis-server") {
@@ -437,18 +352,6 @@ async fn a_cluster_failover_keeps_records_and_the_store_carries_on() {
     // A master serving every slot and its replica, each with a bus port of
     // its own choosing (and a directory of its own for nodes.conf).
     let (a, b, a_bus) = (free_port(), free_port(), free_port());
-    let node = |bus: u16| {
-        let bus = bus.to_string();
-        [
-            "--cluster-enabled",
-            "yes",
-            "--cluster-node-timeout",
-            "1000",
-            "--cluster-port",
-            &bus,
-        ]
-        .map(str::to_owned)
-    };
     let mut master = OwnRedis::start_with(a, &node(a_bus)).await;
     let _replica = OwnRedis::start_with(b, &node(free_port())).await;
     cli(a, &["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]).await;

@@ -4,7 +4,8 @@
 -- retention plus 1, never less); one character per item, '1' when the item
 -- has an outcome; then for each item: its token (8 bytes, little-endian),
 -- its outcome ('' for none).
--- Returns, for one key, 1 (done) or 0 (stale); for many, that for each.
+-- Returns, for one key, 1 (done, or done before by this token) or 0
+-- (stale); for many, that for each.
 local life, has_outcome = ARGV[2], ARGV[3]
 -- Retention end and completion time, the same for every item.
 local times = struct.pack('<i8i8', now + ARGV[1], now)
@@ -14,10 +15,18 @@ local function finish(i, v)
   if not v then
     return 0
   end
-  -- State, flags, lease end, and the token's bytes.
+  -- State, flags, lease or retention end, and the token's bytes.
   local s, flags, lease_end, _, token = struct.unpack('<c1Bi8i8c8', v)
+  if token ~= ARGV[2 + 2 * i] or lease_end <= now then
+    return 0
+  end
+  -- Completed by this same token: a retry whose first answer was lost.
+  -- Done, and nothing changes.
+  if s == 'c' then
+    return 1
+  end
   -- Owned: in progress under this token, lease still live.
-  if s ~= 'p' or token ~= ARGV[2 + 2 * i] or lease_end <= now then
+  if s ~= 'p' then
     return 0
   end
   flags = flags % 2
@@ -38,7 +47,15 @@ end
 -- One MGET for many keys costs less than a GET each.
 local values = redis.call('MGET', unpack(KEYS))
 local out = {}
+-- A key met again in this call is read again: its first item may have
+-- completed it.
+local seen = {}
 for i = 1, #KEYS do
-  out[i] = finish(i, values[i])
+  local k, v = KEYS[i], values[i]
+  if seen[k] then
+    v = redis.call('GET', k)
+  end
+  out[i] = finish(i, v)
+  seen[k] = true
 end
 return out

@@ -1,0 +1,183 @@
+//! Redis Cluster: hash slots, the masters and the slots they serve, and
+//! scanning every master.
+
+use idem_core::StoreError;
+use redis::Value;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+
+use crate::conn::Conn;
+use crate::reply::unavailable;
+use crate::store::Inner;
+
+impl Inner {
+    /// The host of the first seed node: on a one-node cluster, where
+    /// `CLUSTER NODES` leaves the node's own address empty, that is its
+    /// address.
+    pub(crate) fn seed_host(&self) -> &str {
+        match self.client.as_ref().map(|c| c.get_connection_info().addr()) {
+            Some(redis::ConnectionAddr::Tcp(host, _))
+            | Some(redis::ConnectionAddr::TcpTls { host, .. }) => host,
+            _ => "",
+        }
+    }
+
+    /// Every key matching `pattern`: one SCAN, or one per cluster master.
+    pub(crate) async fn scan_keys(&self, pattern: &str) -> Result<Vec<Vec<u8>>, StoreError> {
+        let mut keys = Vec::new();
+        let nodes = match &self.conn {
+            Conn::Single(_) => vec![None],
+            Conn::Cluster(c) => masters(&cluster_nodes(c).await?, self.seed_host())
+                .into_iter()
+                .map(Some)
+                .collect(),
+        };
+        for node in nodes {
+            let mut cursor: u64 = 0;
+            loop {
+                let mut cmd = redis::cmd("SCAN");
+                cmd.arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(1000);
+                let reply: Value = match (&node, &self.conn) {
+                    (Some((host, port)), Conn::Cluster(c)) => {
+                        c.clone()
+                            .route_command(
+                                cmd,
+                                RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                                    host: host.clone(),
+                                    port: *port,
+                                }),
+                            )
+                            .await
+                    }
+                    _ => cmd.query_async(&mut self.conn()).await,
+                }
+                .map_err(unavailable)?;
+                let (next, batch): (u64, Vec<Vec<u8>>) = redis::from_redis_value(reply)
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                keys.extend(batch);
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+        Ok(keys)
+    }
+}
+
+/// The cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag, the text
+/// between the first `{` and the next `}` when not empty, else of the key.
+pub(crate) fn slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16::State::<crc16::XMODEM>::calculate(tagged) % 16384
+}
+
+/// `CLUSTER NODES`, asked of any node.
+pub(crate) async fn cluster_nodes(c: &ClusterConnection) -> Result<String, StoreError> {
+    let reply = c
+        .clone()
+        .route_command(
+            redis::cmd("CLUSTER").arg("NODES").clone(),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+        )
+        .await
+        .map_err(unavailable)?;
+    redis::from_redis_value(reply).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+/// The masters' addresses in `CLUSTER NODES` output.
+pub(crate) fn masters(nodes: &str, seed_host: &str) -> Vec<(String, u16)> {
+    cluster_masters(nodes, seed_host)
+        .into_iter()
+        .map(|(addr, _)| addr)
+        .collect()
+}
+
+/// The address of the master serving `slot`, from `CLUSTER NODES` output.
+pub(crate) fn master_of(nodes: &str, slot: u16, seed_host: &str) -> Option<(String, u16)> {
+    cluster_masters(nodes, seed_host)
+        .into_iter()
+        .find(|(_, ranges)| ranges.iter().any(|r| r.contains(&slot)))
+        .map(|(addr, _)| addr)
+}
+
+/// A master's address and the slot ranges it serves.
+type MasterSlots = ((String, u16), Vec<std::ops::RangeInclusive<u16>>);
+
+/// The masters that are up in `CLUSTER NODES` output, with the slots each
+/// serves (slots being moved, `[…]`, are left out). A node that has not
+/// learnt its own address (a cluster of one) is at `seed_host`.
+fn cluster_masters(nodes: &str, seed_host: &str) -> Vec<MasterSlots> {
+    nodes
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let flags = fields.get(2)?;
+            if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
+                return None;
+            }
+            let addr = fields.get(1)?.split('@').next()?;
+            let (host, port) = addr.rsplit_once(':')?;
+            let host = if host.is_empty() { seed_host } else { host };
+            let ranges = fields
+                .iter()
+                .skip(8)
+                .filter_map(|r| {
+                    let (a, b) = r.split_once('-').unwrap_or((r, r));
+                    Some(a.parse().ok()?..=b.parse().ok()?)
+                })
+                .collect();
+            Some(((host.to_owned(), port.parse().ok()?), ranges))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{master_of, masters, slot};
+
+    #[test]
+    fn slots_follow_the_hash_tag() {
+        // Known values from the Redis Cluster specification.
+        assert_eq!(slot(b"123456789"), 0x31C3);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
+        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
+        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
+        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
+    }
+
+    #[test]
+    fn the_master_of_a_slot_comes_from_cluster_nodes() {
+        let nodes = "\
+a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
+b2 127.0.0.1:7001@17001 master - 0 0 2 connected 5461-10922 [10923->-c3]
+c3 127.0.0.1:7002@17002 master - 0 0 3 connected 10923-16383
+d4 127.0.0.1:7003@17003 slave a1 0 0 1 connected
+e5 127.0.0.1:7004@17004 master,fail - 0 0 5 disconnected 12000
+";
+        let at = |port| Some(("127.0.0.1".to_owned(), port));
+        assert_eq!(master_of(nodes, 0, "seed"), at(7000));
+        assert_eq!(master_of(nodes, 5461, "seed"), at(7001));
+        assert_eq!(master_of(nodes, 10923, "seed"), at(7002));
+        assert_eq!(master_of(nodes, 12000, "seed"), at(7002));
+        assert_eq!(masters(nodes, "seed").len(), 3);
+        // A cluster of one does not know its own address.
+        let alone = "a1 :7000@17000 myself,master - 0 0 0 connected 0-16383\n";
+        assert_eq!(
+            master_of(alone, 9000, "10.0.0.5"),
+            Some(("10.0.0.5".to_owned(), 7000))
+        );
+    }
+}

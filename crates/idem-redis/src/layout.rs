@@ -1,0 +1,51 @@
+//! Where things live in Redis: every key of one record, or of one lock,
+//! shares a hash tag, so a script touching them runs on one cluster node.
+
+use std::time::Duration;
+
+use idem_core::Key;
+
+/// A Redis key of `key`'s: `idem:{N:K` then `suffix`.
+fn redis_key(key: &Key, suffix: &[u8]) -> Vec<u8> {
+    let ns = key.namespace().as_str().as_bytes();
+    let k = key.bytes();
+    let mut out = Vec::with_capacity(8 + ns.len() + k.len() + suffix.len());
+    out.extend_from_slice(b"idem:{");
+    out.extend_from_slice(ns);
+    out.push(b':');
+    out.extend_from_slice(k);
+    out.extend_from_slice(suffix);
+    out
+}
+
+/// The record of `key`: `idem:{N:K}:r`.
+pub(crate) fn record_key(key: &Key) -> Vec<u8> {
+    redis_key(key, b"}:r")
+}
+
+/// What every record key of namespace `ns` starts with, and the `SCAN`
+/// pattern that finds them.
+pub(crate) fn namespace_prefix(ns: &str) -> (String, String) {
+    let prefix = format!("idem:{{{ns}:");
+    let pattern = format!("{prefix}*}}:r");
+    (prefix, pattern)
+}
+
+/// The key inside a record key found under `prefix`.
+pub(crate) fn key_in<'a>(record_key: &'a [u8], prefix: &str) -> Option<&'a [u8]> {
+    record_key
+        .strip_prefix(prefix.as_bytes())?
+        .strip_suffix(b"}:r")
+}
+
+/// A key of lock `name`: the lock itself (`suffix` empty), its token
+/// counter (`:t`), its queue (`:q`), the queue's deadlines (`:qd`), and
+/// the prefix of its waiters' wake lists (`:w:`).
+pub(crate) fn lock_key(name: &str, suffix: &str) -> String {
+    format!("idem:{{lock:{name}}}{suffix}")
+}
+
+/// `d` in whole milliseconds, as Redis takes durations.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

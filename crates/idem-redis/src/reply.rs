@@ -1,0 +1,135 @@
+//! Reading Redis's replies into the store's answers.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem_core::{
+    Begin, Claim, Completed, Fenced, FencingToken, Fingerprint, InProgress, Record, StoreError,
+    Timestamp,
+};
+use redis::Value;
+
+pub(crate) fn unavailable(e: redis::RedisError) -> StoreError {
+    StoreError::unavailable(e)
+}
+
+pub(crate) fn corrupt(what: &str, v: &Value) -> StoreError {
+    StoreError::Corrupt(format!("unexpected reply from Redis for {what}: {v:?}"))
+}
+
+/// A reply element as a number (Lua numbers arrive as integers, our
+/// formatted numbers as strings).
+pub(crate) fn number(v: &Value) -> Option<u64> {
+    match v {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+pub(crate) fn bytes(v: &Value) -> Option<Bytes> {
+    match v {
+        Value::BulkString(b) => Some(Bytes::copy_from_slice(b)),
+        _ => None,
+    }
+}
+
+/// One item's answer from the begin script, which ran at `now` (ms); a
+/// lease it granted lasts `lease_ms`.
+pub(crate) fn parse_begin(v: &Value, now: u64, lease_ms: u64) -> Result<Begin, StoreError> {
+    let bad = || corrupt("begin", v);
+    let lease_expires_at = Timestamp::from_millis(now.saturating_add(lease_ms));
+    let items = match v {
+        Value::Array(items) => items,
+        Value::Int(_) => {
+            return Ok(Begin::Acquired(Claim {
+                token: FencingToken::new(number(v).ok_or_else(bad)?),
+                lease_expires_at,
+                attempt: 1,
+            }));
+        }
+        _ => return Err(bad()),
+    };
+    let tag = items.first().and_then(bytes).ok_or_else(bad)?;
+    let num = |i: usize| items.get(i).and_then(number).ok_or_else(bad);
+    Ok(match &tag[..] {
+        b"a" => Begin::Acquired(Claim {
+            token: FencingToken::new(num(1)?),
+            lease_expires_at,
+            attempt: u32::try_from(num(2)?).unwrap_or(u32::MAX),
+        }),
+        b"i" => Begin::InProgress {
+            retry_after: Duration::from_millis(num(1)?.max(1)),
+        },
+        b"c" => Begin::Completed {
+            completed_at: Timestamp::from_millis(num(1)?),
+            outcome: items.get(2).and_then(bytes),
+        },
+        b"m" => Begin::Mismatch,
+        _ => return Err(bad()),
+    })
+}
+
+pub(crate) fn fenced(what: &str, v: &Value) -> Result<Fenced, StoreError> {
+    match number(v) {
+        Some(1) => Ok(Fenced::Ok(())),
+        Some(0) => Ok(Fenced::Stale),
+        _ => Err(corrupt(what, v)),
+    }
+}
+
+/// A record from its packed value (`GET`), `None` when there is none (or
+/// only a released key's tombstone). Layout: see `scripts/record.lua`.
+pub(crate) fn parse_record(v: &Value) -> Result<Option<Record>, StoreError> {
+    let bytes = match v {
+        Value::Nil => return Ok(None),
+        Value::BulkString(b) => &b[..],
+        _ => return Err(corrupt("a record", v)),
+    };
+    let bad = || corrupt("a record", v);
+    if bytes.len() < HEAD {
+        return Err(bad());
+    }
+    let int = |at: usize, n: usize| {
+        let mut buf = [0u8; 8];
+        buf[..n].copy_from_slice(&bytes[at..at + n]);
+        u64::from_le_bytes(buf)
+    };
+    let (state, flags) = (bytes[0], bytes[1]);
+    let until = Timestamp::from_millis(int(2, 8));
+    let since = Timestamp::from_millis(int(10, 8));
+    let token = FencingToken::new(int(18, 8));
+    let attempts = u32::try_from(int(26, 4)).unwrap_or(u32::MAX);
+    let mut rest = &bytes[HEAD..];
+    let fingerprint = if flags & 1 != 0 {
+        let (fp, tail) = rest.split_at_checked(16).ok_or_else(bad)?;
+        rest = tail;
+        Some(Fingerprint::from_bytes(fp.try_into().expect("16 bytes")))
+    } else {
+        None
+    };
+    let outcome = (flags & 2 != 0).then(|| Bytes::copy_from_slice(rest));
+    Ok(Some(match state {
+        b'p' => Record::InProgress(InProgress {
+            token,
+            fingerprint,
+            lease_expires_at: until,
+            attempts,
+            started_at: since,
+        }),
+        b'c' => Record::Completed(Completed {
+            token,
+            fingerprint,
+            outcome,
+            completed_at: since,
+            expires_at: until,
+        }),
+        // A released key's tombstone: absent to readers.
+        b'r' => return Ok(None),
+        _ => return Err(bad()),
+    }))
+}
+
+/// The packed header's length: state, flags, end, since, token, attempts.
+pub(crate) const HEAD: usize = 1 + 1 + 8 + 8 + 8 + 4;
