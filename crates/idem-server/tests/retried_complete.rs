@@ -8,11 +8,12 @@ mod support;
 use serde_json::json;
 use support::{Process, post, start};
 
-async fn a_retried_complete_is_ok_and_changes_nothing(idem: &Process) {
-    let url = |op: &str| idem.url(&format!("/v1/retry/{op}"));
+async fn a_retried_complete_is_ok_and_changes_nothing(idem: &Process, ns: &str) {
+    let url = |op: &str| idem.url(&format!("/v1/{ns}/{op}"));
     let token = |answer: &serde_json::Value| answer["token"].as_u64().unwrap();
     let t = token(&post(&url("begin"), json!({"key": "k"})).await.json());
-    let other = token(&post(&url("begin"), json!({"key": "other"})).await.json());
+    // Tokens increase per key: any other is not the one that completed it.
+    let other = t + 1;
 
     for attempt in ["first", "retry", "retry again"] {
         let done = post(
@@ -49,9 +50,11 @@ async fn a_retried_complete_is_ok_and_changes_nothing(idem: &Process) {
         let done = post(&url("complete-batch"), batch(t1, t2)).await.json();
         assert_eq!(done, completed, "{attempt}");
     }
-    let swapped = post(&url("complete-batch"), batch(t2, t1)).await.json();
+    let others = post(&url("complete-batch"), batch(t1 + 1, t2 + 1))
+        .await
+        .json();
     assert_eq!(
-        swapped,
+        others,
         json!({"results": [{"status": "stale"}, {"status": "stale"}]})
     );
 }
@@ -61,11 +64,25 @@ async fn a_retried_complete_is_ok_on_the_file_store() {
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().display());
     let idem = start(&["serve", "--store", &store], &[]).await;
-    a_retried_complete_is_ok_and_changes_nothing(&idem).await;
+    a_retried_complete_is_ok_and_changes_nothing(&idem, "retry").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_complete_is_ok_on_the_memory_store() {
     let idem = start(&["serve", "--store", "memory://"], &[]).await;
-    a_retried_complete_is_ok_and_changes_nothing(&idem).await;
+    a_retried_complete_is_ok_and_changes_nothing(&idem, "retry").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_complete_is_ok_on_redis() {
+    let Some(url) = support::redis().await else {
+        return;
+    };
+    let idem = start(&["serve", "--store", &url], &[]).await;
+    // Records outlive the test on a shared Redis: a namespace of its own.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    a_retried_complete_is_ok_and_changes_nothing(&idem, &format!("retry-{now}")).await;
 }
