@@ -93,14 +93,8 @@ async fn outcomes_come_back_byte_identical_from_the_memory_store() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outcomes_come_back_byte_identical_from_redis() {
-    let Some(url) = support::redis().await else {
+    let Some((idem, prefix)) = support::serve_on_redis("redis").await else {
         return;
     };
-    let idem = start(&["serve", "--store", &url], &[]).await;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let prefix = format!("redis-{}-{now}", std::process::id());
     outcomes_come_back_as_sent(&idem, "exact", &prefix).await;
 }

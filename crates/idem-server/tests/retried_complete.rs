@@ -75,14 +75,8 @@ async fn a_retried_complete_is_ok_on_the_memory_store() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_complete_is_ok_on_redis() {
-    let Some(url) = support::redis().await else {
+    let Some((idem, ns)) = support::serve_on_redis("retry").await else {
         return;
     };
-    let idem = start(&["serve", "--store", &url], &[]).await;
-    // Records outlive the test on a shared Redis: a namespace of its own.
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    a_retried_complete_is_ok_and_changes_nothing(&idem, &format!("retry-{now}")).await;
+    a_retried_complete_is_ok_and_changes_nothing(&idem, &ns).await;
 }

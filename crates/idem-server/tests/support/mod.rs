@@ -188,3 +188,15 @@ pub async fn redis() -> Option<String> {
         Err(e) => idem_testkit::services::absent("Redis", &url, e),
     }
 }
+
+/// `idem serve` on the test Redis, and a name no earlier run used (records
+/// outlive a test there); `None` when Redis is absent and not required.
+pub async fn serve_on_redis(name: &str) -> Option<(Process, String)> {
+    let url = redis().await?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let idem = start(&["serve", "--store", &url], &[]).await;
+    Some((idem, format!("{name}-{}-{now}", std::process::id())))
+}
