@@ -8,6 +8,7 @@
 
 use std::hash::{BuildHasher, Hasher};
 
+use fjall::Slice;
 use foldhash::fast::RandomState;
 use hashbrown::HashMap;
 use idem_core::{Fingerprint, Key, Timestamp};
@@ -92,6 +93,60 @@ impl Claims {
         drop(shard);
         for w in waiters {
             let _ = w.send(written.clone());
+        }
+    }
+}
+
+/// A completion handed to the committer, whose claims the caller finishes
+/// when the answer comes. Dropped before that (the caller stopped waiting),
+/// it stops the answer from being delivered, so the committer, unable to
+/// deliver it, finishes the claims itself; or, if the answer had already
+/// arrived, finishes them here. Either way exactly one side does.
+pub struct Finishing<'a> {
+    claims: &'a Claims,
+    owned: Vec<(Slice, u64)>,
+    answer: Option<oneshot::Receiver<Result<(), String>>>,
+}
+
+impl<'a> Finishing<'a> {
+    pub fn new(
+        claims: &'a Claims,
+        owned: Vec<(Slice, u64)>,
+        answer: oneshot::Receiver<Result<(), String>>,
+    ) -> Self {
+        Self {
+            claims,
+            owned,
+            answer: Some(answer),
+        }
+    }
+
+    /// The committer's answer, once the claims are finished; `None` if the
+    /// committer stopped without answering.
+    pub async fn wait(mut self) -> Option<Result<(), String>> {
+        let answer = self.answer.as_mut().expect("waited once").await;
+        self.answer = None;
+        let result = answer.ok()?;
+        self.finish(&result);
+        Some(result)
+    }
+
+    fn finish(&self, result: &Result<(), String>) {
+        for (key, token) in &self.owned {
+            self.claims.finish_completing(key, *token, result);
+        }
+    }
+}
+
+impl Drop for Finishing<'_> {
+    fn drop(&mut self) {
+        if let Some(mut answer) = self.answer.take() {
+            // After `close`, a send either happened (and is received here)
+            // or fails (and the committer finishes the claims).
+            answer.close();
+            if let Ok(result) = answer.try_recv() {
+                self.finish(&result);
+            }
         }
     }
 }

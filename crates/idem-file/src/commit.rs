@@ -46,9 +46,10 @@ pub struct Put {
 
 /// What the committer thread does, in the order it receives them.
 pub enum Job {
-    /// Write completed records durably, finish their claims, then answer.
-    /// The claims are finished here, not by the caller, so a caller that
-    /// stops waiting (its future dropped) leaves no claim behind.
+    /// Write completed records durably, then answer. The caller finishes
+    /// its claims when it hears back; when it has stopped waiting (its
+    /// future dropped), the committer finishes them, so no claim is left
+    /// behind (see `claims::Finishing`).
     Put {
         puts: Vec<Put>,
         done: oneshot::Sender<Result<(), String>>,
@@ -121,10 +122,13 @@ impl Engine {
     fn write_group(&self, group: Vec<Written>) {
         let result = self.write(&group).map_err(|e| e.to_string());
         for (puts, done) in group {
-            for put in &puts {
-                self.claims.finish_completing(&put.key, put.token, &result);
+            // The caller finishes its claims when it hears back; one that
+            // stopped waiting cannot, so the committer does.
+            if done.send(result.clone()).is_err() {
+                for put in &puts {
+                    self.claims.finish_completing(&put.key, put.token, &result);
+                }
             }
-            let _ = done.send(result.clone());
         }
     }
 

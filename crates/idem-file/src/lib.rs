@@ -546,10 +546,20 @@ impl Inner {
         let written = if puts.is_empty() {
             None
         } else {
+            let owned = puts.iter().map(|p| (p.key.clone(), p.token)).collect();
             let (done, answer) = oneshot::channel();
             self.send(Job::Put { puts, done })?;
-            Some(answer)
+            Some(claims::Finishing::new(&self.claims, owned, answer))
         };
+        // This call's own writes first: a retry of one of them in the same
+        // batch waits for it below.
+        if let Some(written) = written {
+            match written.wait().await {
+                Some(Ok(())) => {}
+                Some(Err(e)) => return Err(self.engine_failed(e)),
+                None => return Err(self.engine_failed("the committer thread has stopped")),
+            }
+        }
         for (i, step) in pending {
             answers[i] = match step {
                 Completing::Wait(rx) => match rx.await {
@@ -576,13 +586,6 @@ impl Inner {
                 }
                 Completing::Write(_) | Completing::Done(_) => unreachable!("answered above"),
             };
-        }
-        if let Some(answer) = written {
-            match answer.await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(self.engine_failed(e)),
-                Err(_) => return Err(self.engine_failed("the committer thread has stopped")),
-            }
         }
         Ok(answers)
     }
