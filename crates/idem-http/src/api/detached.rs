@@ -1,11 +1,13 @@
 //! Store operations run detached from the client's connection.
 //!
 //! A client that times out or disconnects drops its request's future; a
-//! store operation polled inside it would stop wherever it was. So each
-//! operation runs on a task of its own and the handler awaits its result:
-//! the operation finishes whether or not anyone is left to answer.
+//! store operation polled inside it would stop wherever it was. So an
+//! operation that does not finish in its first poll runs on a task of its
+//! own and the handler awaits its result: the operation finishes whether or
+//! not anyone is left to answer.
 
 use std::future::Future;
+use std::task::Poll;
 use std::time::Duration;
 
 use http::StatusCode;
@@ -25,26 +27,40 @@ pub struct Detached {
 }
 
 impl Detached {
-    /// Runs `operation` to its end on a task of its own, whatever becomes of
-    /// the caller, and returns its result as an answer.
+    /// Runs `operation` to its end whatever becomes of the caller, and
+    /// returns its result as an answer.
+    ///
+    /// It is polled once here: most operations (every one of the memory
+    /// store's, a file store's `begin`) finish in that poll and need no
+    /// task. One that does not is moved, within the same poll, to a task of
+    /// its own that the caller then awaits, so no moment exists at which a
+    /// dropped caller could stop it half-way.
     pub(super) async fn run<T: Send + 'static>(
         &self,
         operation: impl Future<Output = Result<T, StoreError>> + Send + 'static,
     ) -> Result<T, Problem> {
-        match self.tasks.spawn(operation).await {
-            Ok(result) => result.map_err(Problem::store),
-            // A panic in a store is a bug: let it take the request down as it
-            // would have without the task.
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            // Only a runtime shutting down cancels the task.
-            Err(_) => Err(Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store-unavailable",
-                "Store unavailable",
-                "the server is shutting down; retry",
-            )
-            .retry_after(Duration::from_secs(1))),
-        }
+        let mut operation = Box::pin(operation);
+        let first = std::future::poll_fn(|cx| Poll::Ready(operation.as_mut().poll(cx))).await;
+        let result = match first {
+            Poll::Ready(result) => result,
+            Poll::Pending => match self.tasks.spawn(operation).await {
+                Ok(result) => result,
+                // A panic in a store is a bug: let it take the request down
+                // as it would have without the task.
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                // Only a runtime shutting down cancels the task.
+                Err(_) => {
+                    return Err(Problem::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "store-unavailable",
+                        "Store unavailable",
+                        "the server is shutting down; retry",
+                    )
+                    .retry_after(Duration::from_secs(1)));
+                }
+            },
+        };
+        result.map_err(Problem::store)
     }
 
     /// Completes when every operation started so far has finished.
