@@ -762,10 +762,10 @@ impl Store for FileStore {
 
     /// # Cancel safety
     ///
-    /// The record is handed to the committer in the first poll, and the
-    /// committer finishes the claim itself: dropped after that, the
-    /// completion still happens, and a retry by the same token is answered
-    /// `Ok` once it is durable.
+    /// The record is handed to the committer in the first poll. Dropped
+    /// after that, the completion still happens (the committer, finding
+    /// nobody to answer, finishes the claim itself), and a retry by the
+    /// same token is answered `Ok` once it is durable.
     async fn complete(
         &self,
         key: &Key,
