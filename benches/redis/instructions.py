@@ -12,7 +12,7 @@ import sys
 import redis
 
 port, out_dir, peer_scripts = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-scripts = os.path.join(os.path.dirname(__file__), '../../crates/idem-redis/src/scripts')
+scripts = os.path.join(os.path.dirname(__file__), '../../crates/stores/idem-redis/src/scripts')
 r = redis.Redis(port=port)
 
 

@@ -20,10 +20,10 @@ async fn main() {
         .await
         .unwrap();
     let begin_src = concat!(
-        include_str!("../../../crates/idem-redis/src/scripts/time.lua"),
-        include_str!("../../../crates/idem-redis/src/scripts/begin_first.lua"),
-        include_str!("../../../crates/idem-redis/src/scripts/record.lua"),
-        include_str!("../../../crates/idem-redis/src/scripts/begin.lua")
+        include_str!("../../../crates/stores/idem-redis/src/scripts/time.lua"),
+        include_str!("../../../crates/stores/idem-redis/src/scripts/begin_first.lua"),
+        include_str!("../../../crates/stores/idem-redis/src/scripts/record.lua"),
+        include_str!("../../../crates/stores/idem-redis/src/scripts/begin.lua")
     );
     let begin_sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")

@@ -22,7 +22,7 @@ mod time;
 
 pub use error::{BoxError, StoreError};
 pub use fingerprint::Fingerprint;
-pub use guard::{ClaimHandle, Codec, Disposition, Failure, Guard, GuardError, Json};
+pub use guard::{ClaimHandle, Codec, Disposition, Failure, Guard, GuardError, Json, Raw};
 pub use key::{Key, MAX_NAMESPACE_BYTES, Namespace};
 pub use limits::{InvalidInput, Limits};
 pub use memory::{DEFAULT_ABANDONED_RETENTION, MemoryStore, MemoryStoreBuilder};

@@ -6,7 +6,10 @@
 //!   [`MemoryStore`] (from `idem-core`);
 //! - `file` (default): [`FileStore`], the embedded durable store;
 //! - `redis`: `RedisStore`, on standalone Redis or Redis Cluster, and its
-//!   distributed `Lock` (watchdog, fencing tokens, fair waiting).
+//!   distributed `Lock` (watchdog, fencing tokens, fair waiting);
+//! - `consumer`: the broker-independent consumer runner, as [`consumer`];
+//!   `amqp`, `jetstream` and `redis-streams` add each broker's source, as
+//!   [`amqp`], [`jetstream`] and [`redis_streams`].
 //!
 //! ```no_run
 //! use idem::{FileStore, Guard, Key, Lease};
@@ -30,3 +33,20 @@ pub use idem_file::{Durability, FileStore, FileStoreBuilder, OpenError};
 
 #[cfg(feature = "redis")]
 pub use idem_redis::{ConnectError, Lock, LockGuard, RedisStore, RedisStoreBuilder};
+
+/// The consumer runner: takes messages from a broker and runs the handler
+/// once per key under the guard.
+#[cfg(feature = "consumer")]
+pub use idem_consumer as consumer;
+
+/// RabbitMQ (AMQP 0-9-1) as a consumer source.
+#[cfg(feature = "amqp")]
+pub use idem_amqp as amqp;
+
+/// NATS JetStream as a consumer source.
+#[cfg(feature = "jetstream")]
+pub use idem_jetstream as jetstream;
+
+/// Redis Streams as a consumer source.
+#[cfg(feature = "redis-streams")]
+pub use idem_redis_streams as redis_streams;

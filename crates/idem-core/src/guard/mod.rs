@@ -130,6 +130,16 @@ impl<S: Store + Clone> Guard<S> {
         self
     }
 
+    /// The lease each claim takes.
+    pub fn lease_length(&self) -> Lease {
+        self.lease
+    }
+
+    /// Whether handlers run unguarded when the store cannot be reached.
+    pub fn fails_open(&self) -> bool {
+        self.fail_open
+    }
+
     /// The store.
     pub fn store(&self) -> &S {
         &self.store
@@ -214,6 +224,36 @@ impl<S: Store + Clone> Guard<S> {
                     .await
             }
         }
+    }
+
+    /// Runs `handler` under a claim the caller has already acquired (for
+    /// example one answer of a [`begin_many`](Store::begin_many)), as
+    /// [`run_with`](Guard::run_with) runs it after its own `begin`: the
+    /// watchdog renews the lease, `Ok` stores the outcome, `Err` or a panic
+    /// releases the claim. `begun` is when the `begin` that acquired the
+    /// claim was sent: the lease is reckoned from then.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future releases the claim (on a spawned task), so a
+    /// redelivery runs at once; an outcome already on its way to the store
+    /// may still land, as with [`Store::complete`].
+    pub async fn run_acquired<T, E, F, Fut, K>(
+        &self,
+        codec: &K,
+        key: &Key,
+        claim: Claim,
+        begun: Instant,
+        handler: F,
+    ) -> Result<T, GuardError<E>>
+    where
+        F: FnOnce(ClaimHandle) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        K: Codec<T>,
+    {
+        let lease_end = begun + self.lease.duration();
+        self.hold(codec, key, claim, lease_end, handler, |_| async {})
+            .await
     }
 
     async fn hold<T, E, F, Fut, C, CFut, K>(
@@ -393,6 +433,20 @@ impl<T: Serialize + DeserializeOwned> Codec<T> for Json {
     }
     fn decode(&self, stored: Option<&[u8]>) -> Result<T, serde_json::Error> {
         serde_json::from_slice(stored.unwrap_or(b"null"))
+    }
+}
+
+/// Outcomes stored as the handler's bytes, unchanged.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Raw;
+
+impl Codec<Bytes> for Raw {
+    type Error = std::convert::Infallible;
+    fn encode(&self, value: &Bytes) -> Result<Bytes, Self::Error> {
+        Ok(value.clone())
+    }
+    fn decode(&self, stored: Option<&[u8]>) -> Result<Bytes, Self::Error> {
+        Ok(stored.map(Bytes::copy_from_slice).unwrap_or_default())
     }
 }
 

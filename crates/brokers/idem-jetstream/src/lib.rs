@@ -1,0 +1,2 @@
+//! NATS JetStream source for idem's consumer runner.
+#![deny(missing_docs)]

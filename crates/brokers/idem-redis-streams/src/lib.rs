@@ -1,0 +1,2 @@
+//! Redis Streams source for idem's consumer runner.
+#![deny(missing_docs)]

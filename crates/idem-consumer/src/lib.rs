@@ -1,0 +1,57 @@
+//! idem's consumer runner: however often a broker delivers a message, its
+//! handler's effect happens once (docs/contract.md §3).
+//!
+//! A [`Source`] is a broker seen through five verbs: fetch a batch, ack,
+//! retry later with a delay, dead-letter, and hand back at shutdown. The
+//! [`Runner`] takes messages from it, claims their keys in batches
+//! (`begin_many`), runs the [`Handler`] under the [`Guard`](idem_core::Guard)
+//! (lease renewed while it works), stores the outcome, and maps every outcome
+//! to a broker action:
+//!
+//! | outcome | action |
+//! |---|---|
+//! | handler succeeded, or the key was completed before (a duplicate) | ack |
+//! | another consumer holds the key | retry after its `retry_after` |
+//! | handler failed (transient) | claim released, retry with backoff and jitter |
+//! | attempts exhausted ([`Runner::max_attempts`], default 16) | dead-letter with key, attempts and last error, then ack |
+//! | handler failed permanently, key missing, fingerprint mismatch | dead-letter at once |
+//! | store unreachable | no ack: retry later (fail closed), unless the guard fails open |
+//!
+//! ```no_run
+//! use idem_consumer::{HandlerError, KeyFrom, MemorySource, Message, Runner};
+//! use idem_core::{Bytes, ClaimHandle, Guard, MemoryStore};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let source = MemorySource::new("orders");
+//! let guard = Guard::new(MemoryStore::new());
+//! let handler = |message: Message, claim: ClaimHandle| async move {
+//!     // Charge once; a sink can refuse writes with an older claim.token().
+//!     let _ = (message.body, claim.token());
+//!     Ok::<_, HandlerError>(Bytes::from_static(b"\"charged\""))
+//! };
+//! let report = Runner::new(guard, source, handler)
+//!     .key(KeyFrom::MessageId)
+//!     .concurrency(32)
+//!     .run(CancellationToken::new())
+//!     .await?;
+//! println!("{report:?}");
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+mod backoff;
+mod handler;
+mod key;
+mod memory;
+mod message;
+mod runner;
+mod source;
+
+pub use backoff::Backoff;
+pub use handler::{Handler, HandlerError};
+pub use key::{KeyFrom, KeyFromError};
+pub use memory::MemorySource;
+pub use message::{Delivery, Message};
+pub use runner::{Report, RunError, Runner};
+pub use source::{DeadLetter, RetryReason, Source, SourceError};

@@ -1,0 +1,499 @@
+//! The runner: fetch, claim, handle, settle.
+
+mod process;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem_core::{BeginItem, Fingerprint, Guard, InvalidInput, Key, Namespace, Store};
+use parking_lot::Mutex;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::{Backoff, DeadLetter, Delivery, Handler, KeyFrom, Source};
+
+/// Takes messages from a [`Source`], runs a [`Handler`] once per key under a
+/// [`Guard`], and settles each message with the broker (see the crate docs
+/// for the table of outcomes and actions).
+///
+/// - **Batched claims**: each fetched batch is claimed with one
+///   `begin_many`; completions go one by one as handlers finish (the Redis
+///   and file stores group concurrent ones themselves).
+/// - **Bounded concurrency**: at most [`concurrency`](Runner::concurrency)
+///   messages are held at once, fetched or waiting or running.
+/// - **Duplicates in flight**: a message whose key is already being handled
+///   by this runner waits for that one instead of being retried, then is
+///   acked as a duplicate (or handled, if the first one failed).
+/// - **Order**: with [`ordered`](Runner::ordered), messages of one lane
+///   (partition, ordering key; the key where the broker gives none) are
+///   handled one after another, in the order fetched. A retried message
+///   comes back later, after the ones behind it.
+/// - **Graceful shutdown**: when the token passed to [`run`](Runner::run) is
+///   cancelled, fetching stops; handlers in flight get
+///   [`shutdown_grace`](Runner::shutdown_grace) to finish and are settled;
+///   the claims of those that did not finish are released and their
+///   messages handed back, so a redelivery runs at once. Messages still
+///   waiting behind another are handed back too.
+pub struct Runner<S, Src, H> {
+    guard: Guard<S>,
+    source: Src,
+    handler: H,
+    namespace: Option<Namespace>,
+    key: KeyFrom,
+    concurrency: usize,
+    batch: Option<usize>,
+    max_attempts: u32,
+    backoff: Backoff,
+    ordered: bool,
+    fingerprint: bool,
+    grace: Duration,
+}
+
+impl<S, Src, H> Runner<S, Src, H>
+where
+    S: Store + Clone,
+    Src: Source,
+    H: Handler,
+{
+    /// A runner with the defaults: keys from the message id, the source's
+    /// name as namespace, 16 at a time, 16 attempts, unordered, 30 s grace.
+    pub fn new(guard: Guard<S>, source: Src, handler: H) -> Self {
+        Self {
+            guard,
+            source,
+            handler,
+            namespace: None,
+            key: KeyFrom::MessageId,
+            concurrency: 16,
+            batch: None,
+            max_attempts: 16,
+            backoff: Backoff::default(),
+            ordered: false,
+            fingerprint: false,
+            grace: Duration::from_secs(30),
+        }
+    }
+
+    /// The namespace keys live in (default: the source's name).
+    pub fn namespace(mut self, namespace: Namespace) -> Self {
+        self.namespace = Some(namespace);
+        self
+    }
+
+    /// Where each message's key comes from (default: its message id).
+    pub fn key(mut self, key: KeyFrom) -> Self {
+        self.key = key;
+        self
+    }
+
+    /// Most messages held at once (default 16, at least 1).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+
+    /// Most messages fetched and claimed in one go (default: the
+    /// concurrency).
+    pub fn batch(mut self, n: usize) -> Self {
+        self.batch = Some(n.max(1));
+        self
+    }
+
+    /// Handler attempts before a message is dead-lettered (default 16),
+    /// counted by the source across redeliveries and restarts.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n.max(1);
+        self
+    }
+
+    /// The delays between attempts of a failing message.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Handle each lane's messages one after another (default: no).
+    pub fn ordered(mut self, yes: bool) -> Self {
+        self.ordered = yes;
+        self
+    }
+
+    /// Fingerprint each body, so a key reused for different content is
+    /// dead-lettered as a mismatch (default: no).
+    pub fn fingerprint(mut self, yes: bool) -> Self {
+        self.fingerprint = yes;
+        self
+    }
+
+    /// How long handlers in flight may take to finish at shutdown (default
+    /// 30 s).
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// Runs until `shutdown` is cancelled, then shuts down gracefully (see
+    /// [`Runner`]) and reports what it did.
+    ///
+    /// Fetch failures are logged and retried with backoff: a broker that is
+    /// away for a while only pauses the runner.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel `shutdown` rather than dropping this future: dropping it stops
+    /// fetching and leaves the spawned message tasks running to their end,
+    /// but nobody waits for them.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<Report, RunError> {
+        let namespace = match self.namespace {
+            Some(ns) => ns,
+            None => Namespace::new(self.source.name()).map_err(RunError::Namespace)?,
+        };
+        let batch = self
+            .batch
+            .unwrap_or(self.concurrency)
+            .min(self.concurrency)
+            .min(self.guard.store().limits().max_batch.max(1));
+        let shared = Arc::new(Shared {
+            guard: self.guard,
+            source: self.source,
+            handler: self.handler,
+            namespace,
+            key: self.key,
+            max_attempts: self.max_attempts,
+            backoff: self.backoff,
+            ordered: self.ordered,
+            fingerprint: self.fingerprint,
+            groups: Mutex::new(HashMap::new()),
+            shutdown: shutdown.clone(),
+            hard_stop: CancellationToken::new(),
+            counts: Counts::default(),
+        });
+        let permits = Arc::new(Semaphore::new(self.concurrency));
+        let tracker = TaskTracker::new();
+        let fetch_backoff = Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(5),
+            jitter: 0.5,
+        };
+        let mut fetch_failures = 0;
+        loop {
+            let first = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+            };
+            let mut held = vec![first];
+            while held.len() < batch {
+                match permits.clone().try_acquire_owned() {
+                    Ok(p) => held.push(p),
+                    Err(_) => break,
+                }
+            }
+            let fetched = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                r = shared.source.fetch(held.len()) => r,
+            };
+            match fetched {
+                Ok(deliveries) => {
+                    fetch_failures = 0;
+                    let mut permits_for = Vec::with_capacity(deliveries.len());
+                    for _ in 0..deliveries.len() {
+                        match held.pop() {
+                            Some(p) => permits_for.push(p),
+                            // A source that gave more than asked: wait for room.
+                            None => permits_for.push(
+                                permits
+                                    .clone()
+                                    .acquire_owned()
+                                    .await
+                                    .expect("the semaphore is never closed"),
+                            ),
+                        }
+                    }
+                    shared.dispatch(deliveries, permits_for, &tracker).await;
+                }
+                Err(e) => {
+                    fetch_failures += 1;
+                    shared
+                        .counts
+                        .fetch_errors
+                        .fetch_add(1, AtomicOrdering::Relaxed);
+                    metrics::counter!("idem_consumer_source_errors_total", "op" => "fetch")
+                        .increment(1);
+                    let pause = fetch_backoff.delay(fetch_failures);
+                    tracing::warn!(error = %e, ?pause, "fetching messages failed; trying again");
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                }
+            }
+        }
+        tracker.close();
+        if tokio::time::timeout(self.grace, tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                grace = ?self.grace,
+                "handlers still running after the shutdown grace; releasing their claims"
+            );
+            shared.hard_stop.cancel();
+            tracker.wait().await;
+        }
+        Ok(shared.counts.report())
+    }
+}
+
+/// What a run did, message by message.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Report {
+    /// Handled and acked.
+    pub handled: u64,
+    /// Acked without running the handler: the key was completed before.
+    pub duplicates: u64,
+    /// Retried because another consumer held the key.
+    pub retried_busy: u64,
+    /// Retried after the handler failed.
+    pub retried_failed: u64,
+    /// Retried because the store could not be reached.
+    pub retried_unavailable: u64,
+    /// Dead-lettered.
+    pub dead_lettered: u64,
+    /// Handed back at shutdown.
+    pub requeued: u64,
+    /// Broker operations that failed (each message then comes back by
+    /// redelivery).
+    pub source_errors: u64,
+    /// Fetches that failed.
+    pub fetch_errors: u64,
+}
+
+/// Why the runner could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The source's name is not a valid namespace: set one with
+    /// [`Runner::namespace`].
+    #[error("the source's name is not a valid namespace ({0}); set one explicitly")]
+    Namespace(InvalidInput),
+}
+
+#[derive(Default)]
+struct Counts {
+    handled: AtomicU64,
+    duplicates: AtomicU64,
+    retried_busy: AtomicU64,
+    retried_failed: AtomicU64,
+    retried_unavailable: AtomicU64,
+    dead_lettered: AtomicU64,
+    requeued: AtomicU64,
+    source_errors: AtomicU64,
+    fetch_errors: AtomicU64,
+}
+
+impl Counts {
+    fn report(&self) -> Report {
+        let get = |c: &AtomicU64| c.load(AtomicOrdering::Relaxed);
+        Report {
+            handled: get(&self.handled),
+            duplicates: get(&self.duplicates),
+            retried_busy: get(&self.retried_busy),
+            retried_failed: get(&self.retried_failed),
+            retried_unavailable: get(&self.retried_unavailable),
+            dead_lettered: get(&self.dead_lettered),
+            requeued: get(&self.requeued),
+            source_errors: get(&self.source_errors),
+            fetch_errors: get(&self.fetch_errors),
+        }
+    }
+}
+
+/// A message waiting for another of its group (same key, or same lane when
+/// ordered) to finish.
+struct Parked<R> {
+    delivery: Delivery<R>,
+    key: Key,
+    permit: OwnedSemaphorePermit,
+}
+
+struct Shared<S, Src: Source, H> {
+    guard: Guard<S>,
+    source: Src,
+    handler: H,
+    namespace: Namespace,
+    key: KeyFrom,
+    max_attempts: u32,
+    backoff: Backoff,
+    ordered: bool,
+    fingerprint: bool,
+    /// Groups with a message being handled, and the messages waiting behind
+    /// it.
+    groups: Mutex<HashMap<Bytes, VecDeque<Parked<Src::Receipt>>>>,
+    shutdown: CancellationToken,
+    hard_stop: CancellationToken,
+    counts: Counts,
+}
+
+impl<S, Src, H> Shared<S, Src, H>
+where
+    S: Store + Clone,
+    Src: Source,
+    H: Handler,
+{
+    /// Claims the batch's messages that can start now in one `begin_many`
+    /// and spawns a task for each; parks the others behind their group.
+    async fn dispatch(
+        self: &Arc<Self>,
+        deliveries: Vec<Delivery<Src::Receipt>>,
+        permits: Vec<OwnedSemaphorePermit>,
+        tracker: &TaskTracker,
+    ) {
+        let mut starts = Vec::with_capacity(deliveries.len());
+        for (delivery, permit) in deliveries.into_iter().zip(permits) {
+            let key = match self.key_of(&delivery) {
+                Ok(key) => key,
+                Err(why) => {
+                    let this = self.clone();
+                    tracker.spawn(async move {
+                        let attempts = delivery.message.attempt;
+                        let why = DeadLetter {
+                            key: None,
+                            attempts,
+                            last_error: why,
+                        };
+                        this.dead_letter(delivery, why).await;
+                        drop(permit);
+                    });
+                    continue;
+                }
+            };
+            let group = match (&delivery.message.lane, self.ordered) {
+                (Some(lane), true) => lane.clone(),
+                _ => key.bytes().clone(),
+            };
+            let mut groups = self.groups.lock();
+            match groups.get_mut(&group) {
+                Some(waiting) => waiting.push_back(Parked {
+                    delivery,
+                    key,
+                    permit,
+                }),
+                None => {
+                    groups.insert(group.clone(), VecDeque::new());
+                    starts.push((group, delivery, key, permit));
+                }
+            }
+        }
+        if starts.is_empty() {
+            return;
+        }
+        let items: Vec<BeginItem> = starts
+            .iter()
+            .map(|(_, delivery, key, _)| BeginItem {
+                key: key.clone(),
+                fingerprint: self.fingerprint_of(delivery),
+                lease: self.guard.lease_length(),
+            })
+            .collect();
+        let sent = Instant::now();
+        let mut answers = match self.guard.store().begin_many(&items).await {
+            Ok(answers) => answers.into_iter().map(Ok).collect::<Vec<_>>(),
+            Err(e) if e.is_transient() => {
+                let e = Arc::new(e);
+                items.iter().map(|_| Err(e.clone())).collect()
+            }
+            // Refused whole (a limit): claim one by one, so that only the
+            // offending messages are refused.
+            Err(_) => {
+                let mut answers = Vec::with_capacity(items.len());
+                for item in &items {
+                    answers.push(
+                        self.guard
+                            .store()
+                            .begin(&item.key, item.fingerprint, item.lease)
+                            .await
+                            .map_err(Arc::new),
+                    );
+                }
+                answers
+            }
+        }
+        .into_iter();
+        for (group, delivery, key, permit) in starts {
+            let begun = answers.next().expect("one answer per item");
+            let this = self.clone();
+            tracker.spawn(async move {
+                this.settle(delivery, &key, begun, sent).await;
+                drop(permit);
+                this.drain(group).await;
+            });
+        }
+    }
+
+    /// Handles the messages parked behind `group`, one after another, then
+    /// frees the group.
+    async fn drain(&self, group: Bytes) {
+        loop {
+            let next = {
+                let mut groups = self.groups.lock();
+                let waiting = groups.get_mut(&group).expect("a running group is listed");
+                match waiting.pop_front() {
+                    Some(parked) => parked,
+                    None => {
+                        groups.remove(&group);
+                        return;
+                    }
+                }
+            };
+            let Parked {
+                delivery,
+                key,
+                permit,
+            } = next;
+            if self.shutdown.is_cancelled() {
+                self.requeue(delivery).await;
+            } else {
+                let sent = Instant::now();
+                let begun = self
+                    .guard
+                    .store()
+                    .begin(
+                        &key,
+                        self.fingerprint_of(&delivery),
+                        self.guard.lease_length(),
+                    )
+                    .await
+                    .map_err(Arc::new);
+                self.settle(delivery, &key, begun, sent).await;
+            }
+            drop(permit);
+        }
+    }
+
+    fn key_of(&self, delivery: &Delivery<Src::Receipt>) -> Result<Key, String> {
+        let bytes = self
+            .key
+            .extract(&delivery.message)
+            .map_err(|e| e.to_string())?;
+        let key = Key::in_namespace(self.namespace.clone(), bytes).map_err(|e| e.to_string())?;
+        self.guard
+            .store()
+            .limits()
+            .check_key(&key)
+            .map_err(|e| e.to_string())?;
+        Ok(key)
+    }
+
+    fn fingerprint_of(&self, delivery: &Delivery<Src::Receipt>) -> Option<Fingerprint> {
+        self.fingerprint
+            .then(|| Fingerprint::xxh3(&delivery.message.body))
+    }
+}

@@ -1,0 +1,252 @@
+//! One message: from its `begin` answer to its broker action.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering as AtomicOrdering;
+use std::time::Duration;
+
+use idem_core::{Begin, Claim, GuardError, Key, Raw, Store, StoreError};
+use tokio::time::Instant;
+
+use super::Shared;
+use crate::{DeadLetter, Delivery, Handler, HandlerError, RetryReason, Source};
+
+/// Busy retries wait at least this long, so an almost expired lease does not
+/// make a hot loop.
+const MIN_BUSY_DELAY: Duration = Duration::from_millis(100);
+
+/// What to do with a message at the broker.
+enum Action {
+    Ack {
+        duplicate: bool,
+    },
+    Retry {
+        reason: RetryReason,
+        delay: Duration,
+    },
+    DeadLetter(String),
+    Requeue,
+}
+
+impl<S, Src, H> Shared<S, Src, H>
+where
+    S: Store + Clone,
+    Src: Source,
+    H: Handler,
+{
+    /// Decides and performs the broker action for a message whose key was
+    /// begun with answer `begun` (the `begin` sent at `sent`).
+    pub(super) async fn settle(
+        &self,
+        delivery: Delivery<Src::Receipt>,
+        key: &Key,
+        begun: Result<Begin, Arc<StoreError>>,
+        sent: Instant,
+    ) {
+        let attempt = delivery.message.attempt.max(1);
+        let action = match begun {
+            Ok(Begin::Completed { .. }) => Action::Ack { duplicate: true },
+            Ok(Begin::InProgress { retry_after }) => Action::Retry {
+                reason: RetryReason::Busy,
+                delay: retry_after.max(MIN_BUSY_DELAY) + retry_after.mul_f64(0.1 * fastrand::f64()),
+            },
+            Ok(Begin::Mismatch) => Action::DeadLetter(
+                "fingerprint mismatch: this key was used before for a different body".into(),
+            ),
+            Ok(Begin::Acquired(claim)) if attempt > self.max_attempts => {
+                self.release(key, &claim).await;
+                Action::DeadLetter(format!(
+                    "delivered for attempt {attempt} without finishing; the limit is {} attempts",
+                    self.max_attempts
+                ))
+            }
+            Ok(Begin::Acquired(claim)) => self.handle(&delivery, key, claim, sent).await,
+            Err(e) if e.is_transient() && self.guard.fails_open() => {
+                metrics::counter!("idem_consumer_fail_open_total", "namespace" => self.namespace.to_string())
+                    .increment(1);
+                self.handle_unguarded(&delivery, key).await
+            }
+            Err(e) if e.is_transient() => Action::Retry {
+                reason: RetryReason::Unavailable,
+                delay: self.backoff.delay(attempt),
+            },
+            Err(e) => Action::DeadLetter(e.to_string()),
+        };
+        self.perform(delivery, key, action).await;
+    }
+
+    /// Runs the handler under the claim; renews the broker's redelivery
+    /// timer while it works; at a hard stop, releases the claim and hands
+    /// the message back.
+    async fn handle(
+        &self,
+        delivery: &Delivery<Src::Receipt>,
+        key: &Key,
+        claim: Claim,
+        sent: Instant,
+    ) -> Action {
+        let token = claim.token;
+        let started = Instant::now();
+        let work = self.guard.run_acquired(&Raw, key, claim, sent, |handle| {
+            self.handler.handle(delivery.message.clone(), handle)
+        });
+        let outcome = tokio::select! {
+            r = work => Some(r),
+            () = self.keep_alive(delivery) => unreachable!("keep-alive never ends"),
+            () = self.hard_stop.cancelled() => None,
+        };
+        metrics::histogram!("idem_consumer_handler_seconds", "namespace" => self.namespace.to_string())
+            .record(started.elapsed().as_secs_f64());
+        match outcome {
+            // The guard's own release was spawned when its future was
+            // dropped; this one is awaited so the redelivery finds the key
+            // free (whichever lands second answers `Stale`).
+            None => {
+                let _ = self.guard.store().release(key, token).await;
+                Action::Requeue
+            }
+            Some(r) => self.action_after(r, delivery.message.attempt.max(1)),
+        }
+    }
+
+    /// Fail open: the store is unreachable and the guard allows running
+    /// unguarded (the guard counts it).
+    async fn handle_unguarded(&self, delivery: &Delivery<Src::Receipt>, key: &Key) -> Action {
+        let r = self
+            .guard
+            .run_with(
+                &Raw,
+                key,
+                None,
+                |handle| self.handler.handle(delivery.message.clone(), handle),
+                |_| async {},
+            )
+            .await;
+        self.action_after(r, delivery.message.attempt.max(1))
+    }
+
+    fn action_after(
+        &self,
+        r: Result<bytes::Bytes, GuardError<HandlerError>>,
+        attempt: u32,
+    ) -> Action {
+        match r {
+            Ok(_) => Action::Ack { duplicate: false },
+            Err(GuardError::Handler(e)) if e.is_permanent() => Action::DeadLetter(e.to_string()),
+            Err(GuardError::Handler(e)) if attempt >= self.max_attempts => {
+                Action::DeadLetter(format!("{e} (attempt {attempt} of {})", self.max_attempts))
+            }
+            Err(GuardError::Handler(e)) => Action::Retry {
+                reason: RetryReason::Failed,
+                delay: e
+                    .requested_delay()
+                    .unwrap_or_default()
+                    .max(self.backoff.delay(attempt)),
+            },
+            // Another holder took the key over and will finish it.
+            Err(GuardError::LeaseLost { .. }) => Action::Ack { duplicate: false },
+            Err(GuardError::InProgress { retry_after }) => Action::Retry {
+                reason: RetryReason::Busy,
+                delay: retry_after.max(MIN_BUSY_DELAY),
+            },
+            // The outcome could not be stored: the claim expires and a
+            // redelivery takes it over.
+            Err(GuardError::Store(e)) if e.is_transient() => Action::Retry {
+                reason: RetryReason::Unavailable,
+                delay: self
+                    .backoff
+                    .delay(attempt)
+                    .max(self.guard.lease_length().duration()),
+            },
+            Err(e) => Action::DeadLetter(e.to_string()),
+        }
+    }
+
+    async fn keep_alive(&self, delivery: &Delivery<Src::Receipt>) {
+        let Some(every) = self.source.keep_alive_every() else {
+            return std::future::pending().await;
+        };
+        loop {
+            tokio::time::sleep(every).await;
+            if let Err(e) = self.source.keep_alive(delivery).await {
+                tracing::warn!(error = %e, "telling the broker the message is in progress failed");
+            }
+        }
+    }
+
+    async fn release(&self, key: &Key, claim: &Claim) {
+        if let Err(e) = self.guard.store().release(key, claim.token).await {
+            tracing::warn!(%key, error = %e, "release failed; the claim will expire");
+        }
+    }
+
+    async fn perform(&self, delivery: Delivery<Src::Receipt>, key: &Key, action: Action) {
+        let c = &self.counts;
+        let (label, result) = match action {
+            Action::Ack { duplicate } => {
+                let (counter, label) = if duplicate {
+                    (&c.duplicates, "duplicate")
+                } else {
+                    (&c.handled, "handled")
+                };
+                counter.fetch_add(1, AtomicOrdering::Relaxed);
+                (label, self.source.ack(delivery).await)
+            }
+            Action::Retry { reason, delay } => {
+                let counter = match reason {
+                    RetryReason::Busy => &c.retried_busy,
+                    RetryReason::Failed => &c.retried_failed,
+                    RetryReason::Unavailable => &c.retried_unavailable,
+                };
+                counter.fetch_add(1, AtomicOrdering::Relaxed);
+                tracing::debug!(%key, reason = reason.as_str(), ?delay, "retrying later");
+                let label = match reason {
+                    RetryReason::Busy => "retried_busy",
+                    RetryReason::Failed => "retried_failed",
+                    RetryReason::Unavailable => "retried_unavailable",
+                };
+                (label, self.source.retry(delivery, delay, reason).await)
+            }
+            Action::DeadLetter(last_error) => {
+                let why = DeadLetter {
+                    key: Some(String::from_utf8_lossy(key.bytes()).into_owned()),
+                    attempts: delivery.message.attempt.max(1),
+                    last_error,
+                };
+                return self.dead_letter(delivery, why).await;
+            }
+            Action::Requeue => return self.requeue(delivery).await,
+        };
+        self.count(label, result);
+    }
+
+    pub(super) async fn dead_letter(&self, delivery: Delivery<Src::Receipt>, why: DeadLetter) {
+        tracing::warn!(key = ?why.key, attempts = why.attempts, error = %why.last_error, "dead-lettering a message");
+        self.counts
+            .dead_lettered
+            .fetch_add(1, AtomicOrdering::Relaxed);
+        let r = self.source.dead_letter(delivery, why).await;
+        self.count("dead_lettered", r);
+    }
+
+    pub(super) async fn requeue(&self, delivery: Delivery<Src::Receipt>) {
+        self.counts.requeued.fetch_add(1, AtomicOrdering::Relaxed);
+        let r = self.source.requeue(delivery).await;
+        self.count("requeued", r);
+    }
+
+    fn count(&self, outcome: &'static str, result: Result<(), crate::SourceError>) {
+        metrics::counter!(
+            "idem_consumer_messages_total",
+            "namespace" => self.namespace.to_string(),
+            "outcome" => outcome
+        )
+        .increment(1);
+        if let Err(e) = result {
+            self.counts
+                .source_errors
+                .fetch_add(1, AtomicOrdering::Relaxed);
+            metrics::counter!("idem_consumer_source_errors_total", "op" => outcome).increment(1);
+            tracing::warn!(error = %e, outcome, "settling a message failed; the broker will redeliver it");
+        }
+    }
+}

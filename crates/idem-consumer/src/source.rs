@@ -1,0 +1,154 @@
+//! A broker, as the runner sees it.
+
+use std::future::Future;
+use std::time::Duration;
+
+use idem_core::BoxError;
+
+use crate::Delivery;
+
+/// A broker seen through the verbs the runner needs. Each adapter (RabbitMQ,
+/// NATS JetStream, Redis Streams, Kafka) implements it; [`MemorySource`]
+/// (crate::MemorySource) is one in memory, for tests.
+///
+/// Every verb that settles a delivery takes it by value: a delivery is acked,
+/// retried, dead-lettered or handed back exactly once. A delivery the runner
+/// never settles (the process died) is redelivered by the broker; the guard
+/// absorbs the duplicate.
+///
+/// # Cancel safety
+///
+/// `fetch` must lose nothing when its future is dropped (the runner drops it
+/// at shutdown): a message taken from the broker but not returned stays
+/// unacknowledged and is redelivered. The settling verbs are awaited to the
+/// end by the runner, also at shutdown.
+pub trait Source: Send + Sync + 'static {
+    /// The broker's handle for settling one delivery.
+    type Receipt: Send + Sync + 'static;
+
+    /// The queue, stream or topic name: the runner's default namespace.
+    fn name(&self) -> &str;
+
+    /// Up to `max` messages; waits a while for the first, and may answer
+    /// with none (the runner asks again).
+    fn fetch(
+        &self,
+        max: usize,
+    ) -> impl Future<Output = Result<Vec<Delivery<Self::Receipt>>, SourceError>> + Send;
+
+    /// The message is done with: its effect is recorded.
+    fn ack(
+        &self,
+        delivery: Delivery<Self::Receipt>,
+    ) -> impl Future<Output = Result<(), SourceError>> + Send;
+
+    /// Delivers the message again after `delay` (at the broker: the runner
+    /// does not hold it). `reason` says whether this counts as a handler
+    /// attempt ([`RetryReason::counts_as_attempt`]).
+    fn retry(
+        &self,
+        delivery: Delivery<Self::Receipt>,
+        delay: Duration,
+        reason: RetryReason,
+    ) -> impl Future<Output = Result<(), SourceError>> + Send;
+
+    /// Parks the message in the dead-letter destination, with its body and
+    /// headers and the headers `idem-key`, `idem-attempts` and
+    /// `idem-last-error`, then acks it.
+    fn dead_letter(
+        &self,
+        delivery: Delivery<Self::Receipt>,
+        why: DeadLetter,
+    ) -> impl Future<Output = Result<(), SourceError>> + Send;
+
+    /// Hands the message back for immediate redelivery, without counting an
+    /// attempt: at shutdown, for work that did not finish.
+    fn requeue(
+        &self,
+        delivery: Delivery<Self::Receipt>,
+    ) -> impl Future<Output = Result<(), SourceError>> + Send;
+
+    /// How often [`keep_alive`](Source::keep_alive) must be called while the
+    /// handler works, for a broker that redelivers unacked messages after a
+    /// timer (NATS `AckWait`); `None` when it does not.
+    fn keep_alive_every(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Tells the broker the message is still being worked on.
+    fn keep_alive(
+        &self,
+        delivery: &Delivery<Self::Receipt>,
+    ) -> impl Future<Output = Result<(), SourceError>> + Send {
+        let _ = delivery;
+        async { Ok(()) }
+    }
+}
+
+/// Why a message is retried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetryReason {
+    /// Another consumer holds the key.
+    Busy,
+    /// The handler failed.
+    Failed,
+    /// The idempotency store could not be reached.
+    Unavailable,
+}
+
+impl RetryReason {
+    /// Only a handler failure uses up an attempt.
+    pub fn counts_as_attempt(self) -> bool {
+        self == RetryReason::Failed
+    }
+
+    /// The label used in metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetryReason::Busy => "busy",
+            RetryReason::Failed => "failed",
+            RetryReason::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// Why a message is dead-lettered: what the dead-letter headers carry.
+#[derive(Clone, Debug)]
+pub struct DeadLetter {
+    /// The idempotency key (`idem-key`), when the message had one.
+    pub key: Option<String>,
+    /// Handler attempts made (`idem-attempts`).
+    pub attempts: u32,
+    /// The last error (`idem-last-error`).
+    pub last_error: String,
+}
+
+impl DeadLetter {
+    /// The headers a dead-lettered message gets, beside its own.
+    pub fn headers(&self) -> [(&'static str, String); 3] {
+        [
+            ("idem-key", self.key.clone().unwrap_or_default()),
+            ("idem-attempts", self.attempts.to_string()),
+            ("idem-last-error", self.last_error.clone()),
+        ]
+    }
+}
+
+/// A broker operation failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+pub struct SourceError {
+    what: String,
+    #[source]
+    source: BoxError,
+}
+
+impl SourceError {
+    /// `what` failed because of `source`.
+    pub fn new(what: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+}
