@@ -8,6 +8,7 @@ use idem_consumer::{DeadLetter, Delivery, Message, RetryReason, Source, SourceEr
 use parking_lot::Mutex;
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::connect::{self, ConnectError};
@@ -59,6 +60,28 @@ struct Timers {
     next_claim: Instant,
     cursor: String,
     next_promote: Instant,
+}
+
+/// A fetch's answer on its way; when the fetch is dropped after the answer
+/// came, hands the answer back (when before, the reading task does).
+struct Read {
+    rx: Option<oneshot::Receiver<Result<Vec<Delivery<RedisStreamReceipt>>, SourceError>>>,
+    source: RedisStreamSource,
+}
+
+impl Drop for Read {
+    fn drop(&mut self) {
+        let Some(Ok(Ok(answer))) = self.rx.take().map(|mut rx| rx.try_recv()) else {
+            return;
+        };
+        let source = self.source.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn(async move { source.hand_back(answer).await })),
+            Err(_) => tracing::warn!(
+                "entries read for a dropped fetch outside a runtime are claimed after the idle time"
+            ),
+        }
+    }
 }
 
 /// What the source needs to settle one entry: its id, and its fields for a
@@ -130,6 +153,45 @@ impl RedisStreamSource {
     /// A publisher to the same stream, on this source's connection.
     pub fn publisher(&self) -> RedisStreamPublisher {
         RedisStreamPublisher::on(self.inner.conn.clone(), &self.inner.stream)
+    }
+
+    /// What [`fetch`](Source::fetch) answers, read on the calling task.
+    async fn read(&self, max: usize) -> Result<Vec<Delivery<RedisStreamReceipt>>, SourceError> {
+        let i = &self.inner;
+        let max = max.clamp(1, i.count.max(1));
+        let claimed = self.claim_if_due(max).await?;
+        if !claimed.is_empty() {
+            return Ok(claimed);
+        }
+        self.promote_if_due().await?;
+        let block = self.block_for();
+        let reply: Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(&i.group)
+            .arg(&i.consumer)
+            .arg("COUNT")
+            .arg(max)
+            .arg("BLOCK")
+            .arg(block.as_millis() as u64)
+            .arg("STREAMS")
+            .arg(&i.stream)
+            .arg(">")
+            .query_async(&mut i.reader.clone())
+            .await
+            .map_err(|e| SourceError::new(format!("reading from {}", i.stream), e))?;
+        Ok(read_entries(reply)?
+            .into_iter()
+            .map(|e| delivery(e, 1))
+            .collect())
+    }
+
+    /// Hands back entries read for a caller that left.
+    async fn hand_back(&self, read: Vec<Delivery<RedisStreamReceipt>>) {
+        for d in read {
+            if let Err(e) = self.requeue(d).await {
+                tracing::warn!(error = %e, "handing back an entry read for a dropped fetch failed; it is claimed after the idle time");
+            }
+        }
     }
 
     /// Claims up to `max` entries left idle by other consumers, when a
@@ -334,40 +396,39 @@ impl Source for RedisStreamSource {
     /// First entries other consumers left idle longer than the claim idle
     /// time (`XAUTOCLAIM`, every half of it), then new entries
     /// (`XREADGROUP … >`, blocking up to 250 ms); before reading, moves due
-    /// copies from the retry set back into the stream.
+    /// copies from the retry set back into the stream. The reading runs in
+    /// a task of its own, so that a dropped call can hand back what it
+    /// read.
     ///
     /// # Cancel safety
     ///
-    /// Entries Redis handed to this consumer for a dropped call stay
-    /// pending in the group and are claimed (by this consumer or another)
-    /// after the claim idle time: nothing is lost, but they wait that long.
+    /// Entries read for a dropped call are handed back at once (as
+    /// [`requeue`](Self::requeue) does), so a consumer that stops while a
+    /// read is blocked (the runner at shutdown) does not keep them. If the
+    /// process stops before that, they stay pending in the group and are
+    /// claimed by another consumer after the claim idle time.
     async fn fetch(&self, max: usize) -> Result<Vec<Delivery<RedisStreamReceipt>>, SourceError> {
-        let i = &self.inner;
-        let max = max.clamp(1, i.count.max(1));
-        let claimed = self.claim_if_due(max).await?;
-        if !claimed.is_empty() {
-            return Ok(claimed);
-        }
-        self.promote_if_due().await?;
-        let block = self.block_for();
-        let reply: Value = redis::cmd("XREADGROUP")
-            .arg("GROUP")
-            .arg(&i.group)
-            .arg(&i.consumer)
-            .arg("COUNT")
-            .arg(max)
-            .arg("BLOCK")
-            .arg(block.as_millis() as u64)
-            .arg("STREAMS")
-            .arg(&i.stream)
-            .arg(">")
-            .query_async(&mut i.reader.clone())
-            .await
-            .map_err(|e| SourceError::new(format!("reading from {}", i.stream), e))?;
-        Ok(read_entries(reply)?
-            .into_iter()
-            .map(|e| delivery(e, 1))
-            .collect())
+        let (tx, rx) = oneshot::channel();
+        let this = self.clone();
+        tokio::spawn(async move {
+            let read = this.read(max).await;
+            if let Err(Ok(unwanted)) = tx.send(read) {
+                this.hand_back(unwanted).await;
+            }
+        });
+        let mut read = Read {
+            rx: Some(rx),
+            source: self.clone(),
+        };
+        let rx = read.rx.as_mut().expect("taken only here");
+        let answer = rx.await;
+        read.rx = None;
+        answer.unwrap_or_else(|_| {
+            Err(SourceError::new(
+                format!("reading from {}", self.inner.stream),
+                "the reading task stopped",
+            ))
+        })
     }
 
     /// `XACK`.
