@@ -11,6 +11,9 @@ pub(crate) const URL_FORM: &str = "redis://[USER:PASSWORD@]HOST:PORT[/DB]?stream
 /// How long an entry another consumer left pending stays with it before
 /// this one claims it, unless set (see [`RedisStreamConfig::claim_idle`]).
 const DEFAULT_CLAIM_IDLE: Duration = Duration::from_secs(30);
+/// The shortest claim idle time: entries in work are refreshed every third
+/// of it, which must not become a busy loop.
+const MIN_CLAIM_IDLE: Duration = Duration::from_millis(100);
 
 /// Which stream and consumer group to consume, and how.
 ///
@@ -138,7 +141,7 @@ impl RedisStreamConfig {
     /// entries fresh while the handler works, so only a dead or stuck
     /// consumer's entries are claimed.
     pub fn claim_idle(mut self, idle: Duration) -> Self {
-        self.claim_idle = Some(idle.max(Duration::from_millis(1)));
+        self.claim_idle = Some(idle);
         self
     }
 
@@ -172,9 +175,13 @@ impl RedisStreamConfig {
         format!("{}.retry", self.stream)
     }
 
-    /// The idle time after which a pending entry is claimed.
+    /// The idle time after which a pending entry is claimed, at least
+    /// 100 ms (entries in work are refreshed every third of it).
     pub fn claim_idle_time(&self) -> Duration {
-        self.claim_idle.or(self.lease).unwrap_or(DEFAULT_CLAIM_IDLE)
+        self.claim_idle
+            .or(self.lease)
+            .unwrap_or(DEFAULT_CLAIM_IDLE)
+            .max(MIN_CLAIM_IDLE)
     }
 
     /// The server's address with any password hidden.
@@ -251,6 +258,8 @@ mod tests {
         assert_eq!(c.claim_idle_time(), Duration::from_secs(5));
         let c = c.claim_idle(Duration::from_secs(2));
         assert_eq!(c.claim_idle_time(), Duration::from_secs(2));
+        let c = c.claim_idle(Duration::ZERO);
+        assert_eq!(c.claim_idle_time(), MIN_CLAIM_IDLE);
     }
 
     #[test]
