@@ -12,7 +12,7 @@ use idem_consumer::{Handler, HandlerError, Message};
 use idem_core::ClaimHandle;
 use serde_json::json;
 
-/// POSTs each message to `to` and reads the answer (docs/contract.md §3:
+/// POSTs each message to `to` and reads the answer (docs/contract.md §7:
 /// the handler gets the key and the fencing token, so it can refuse a
 /// second effect itself).
 ///
