@@ -60,11 +60,7 @@ impl<S: Source> Source for Timed<S> {
     }
 
     async fn ack(&self, d: Delivery<Self::Receipt>) -> Result<(), SourceError> {
-        let (at, receipt) = d.receipt;
-        let d = Delivery {
-            message: d.message,
-            receipt,
-        };
+        let (at, d) = untimed(d);
         self.settled(at, self.inner.ack(d)).await
     }
 
@@ -74,11 +70,7 @@ impl<S: Source> Source for Timed<S> {
         delay: Duration,
         reason: RetryReason,
     ) -> Result<(), SourceError> {
-        let (_, receipt) = d.receipt;
-        let d = Delivery {
-            message: d.message,
-            receipt,
-        };
+        let (_, d) = untimed(d);
         self.inner.retry(d, delay, reason).await
     }
 
@@ -87,22 +79,26 @@ impl<S: Source> Source for Timed<S> {
         d: Delivery<Self::Receipt>,
         why: DeadLetter,
     ) -> Result<(), SourceError> {
-        let (_, receipt) = d.receipt;
-        let d = Delivery {
-            message: d.message,
-            receipt,
-        };
+        let (_, d) = untimed(d);
         self.inner.dead_letter(d, why).await
     }
 
     async fn requeue(&self, d: Delivery<Self::Receipt>) -> Result<(), SourceError> {
-        let (_, receipt) = d.receipt;
-        let d = Delivery {
-            message: d.message,
-            receipt,
-        };
+        let (_, d) = untimed(d);
         self.inner.requeue(d).await
     }
+}
+
+/// The read time, and the delivery as the inner source knows it.
+fn untimed<R>(d: Delivery<(Instant, R)>) -> (Instant, Delivery<R>) {
+    let (at, receipt) = d.receipt;
+    (
+        at,
+        Delivery {
+            message: d.message,
+            receipt,
+        },
+    )
 }
 
 /// One row of the table.
