@@ -165,3 +165,69 @@ async fn a_key_held_by_another_consumer_is_retried_later_without_spinning() {
         report.retried_busy
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_copies_come_back_once_when_two_consumers_move_them() {
+    use idem_consumer::{RetryReason, Source};
+    let Some(fx) = Fixture::new("promote-race") else {
+        return;
+    };
+    const N: usize = 100;
+    let publisher = fx.publisher().await;
+    for i in 0..N {
+        publisher
+            .publish(&message(&format!("r-{i}")))
+            .await
+            .unwrap();
+    }
+    let config = fx.config().concurrency(N);
+    let a = fx.source_with(config.clone().consumer("a")).await;
+    let b = fx.source_with(config.consumer("b")).await;
+    let mut read = 0;
+    while read < N {
+        for d in a.fetch(N).await.unwrap() {
+            read += 1;
+            a.retry(d, Duration::from_millis(300), RetryReason::Busy)
+                .await
+                .unwrap();
+        }
+    }
+    assert_eq!(fx.parked_retries(), N);
+
+    let take = |source: idem_redis_streams::RedisStreamSource| async move {
+        let mut got = Vec::new();
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until {
+            for d in source.fetch(N).await.unwrap() {
+                got.push((d.message.id.clone().unwrap(), d.message.attempt));
+                source.ack(d).await.unwrap();
+            }
+        }
+        got
+    };
+    let (from_a, from_b) = tokio::join!(take(a), take(b));
+    let mut ids: Vec<_> = from_a
+        .iter()
+        .chain(&from_b)
+        .map(|(id, _)| id.clone())
+        .collect();
+    let all = ids.len();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(
+        all,
+        N,
+        "every copy came back exactly once (a {}, b {})",
+        from_a.len(),
+        from_b.len()
+    );
+    assert_eq!(ids.len(), N);
+    assert!(
+        from_a
+            .iter()
+            .chain(&from_b)
+            .all(|(_, attempt)| *attempt == 1),
+        "a busy retry uses no attempt"
+    );
+    assert!(fx.drained());
+}
