@@ -69,6 +69,9 @@
 //!   [`RedisStreamConfig::claim_idle`] is claimed (`XAUTOCLAIM`) by a live
 //!   consumer. While a handler works, its entry's idle time is reset every
 //!   third of that (`XCLAIM … JUSTID`), so a slow handler keeps its entry.
+//!   Each start is a new consumer (`idem-<pid>-<random>`) unless
+//!   [`RedisStreamConfig::consumer`] names one; names of consumers gone for
+//!   good can be removed with `XGROUP DELCONSUMER` once they hold nothing.
 //!
 //! Every settling script acks first and writes the copy only if the entry
 //! was still pending, so an entry claimed and settled by another consumer
