@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_consumer::{HandlerError, Message, Runner, Source};
-use idem_core::{Bytes, ClaimHandle};
+use idem_core::{Bytes, ClaimHandle, Guard, MemoryStore};
+use idem_redis_streams::RedisStreamSource;
 use parking_lot::Mutex;
 use support::{Effects, Fixture, Running, eventually, guard, message};
 use tokio::sync::mpsc;
@@ -36,6 +37,72 @@ fn works(effects: Effects, work: Duration) -> impl idem_consumer::Handler {
     }
 }
 
+/// Runs a consumer named `consumer` on a runtime of its own until its
+/// handler starts, then shuts that runtime down: every task of the consumer
+/// stops at once, as in a crash (no ack, no release, no keep-alive).
+/// Answers the attempt the handler saw.
+async fn die_while_handling(fx: &Fixture, guard: &Guard<MemoryStore>, consumer: &str) -> u32 {
+    let doomed = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let config = fx.config().consumer(consumer);
+    let guard = guard.clone();
+    doomed.spawn(async move {
+        let source = RedisStreamSource::connect(config).await.unwrap();
+        Runner::new(guard, source, hangs(started_tx))
+            .max_attempts(2)
+            .run(CancellationToken::new())
+            .await
+    });
+    let attempt = tokio::time::timeout(Duration::from_secs(10), started.recv())
+        .await
+        .expect("the doomed consumer starts the handler")
+        .unwrap();
+    // Long enough for a keep-alive, which must not save the entry.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    doomed.shutdown_background();
+    assert!(
+        started.try_recv().is_err(),
+        "the doomed consumer ran the handler once"
+    );
+    attempt
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_kills_its_consumers_is_dead_lettered_after_max_attempts() {
+    let Some(fx) = Fixture::new("poison") else {
+        return;
+    };
+    fx.publisher().await.publish(&message("x-1")).await.unwrap();
+    let guard = guard(1_000);
+    assert_eq!(die_while_handling(&fx, &guard, "a").await, 1);
+    assert_eq!(
+        die_while_handling(&fx, &guard, "b").await,
+        2,
+        "the claim from the dead consumer counts an attempt"
+    );
+
+    let effects = Effects::default();
+    let c = fx.source_with(fx.config().consumer("c")).await;
+    let running = Running::start(
+        Runner::new(guard, c, works(effects.clone(), Duration::ZERO)).max_attempts(2),
+    );
+    eventually(Duration::from_secs(15), "dead-lettered", || async {
+        fx.dead_letters().len() == 1 && fx.drained()
+    })
+    .await;
+    let report = running.stop().await;
+
+    assert_eq!(effects.total(), 0, "not run a third time");
+    assert_eq!(report.dead_lettered, 1);
+    let dead = &fx.dead_letters()[0];
+    assert_eq!(dead.get("idem-attempts").map(String::as_str), Some("3"));
+    assert_eq!(dead.get("message-id").map(String::as_str), Some("x-1"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_that_dies_mid_handler_is_claimed_after_the_idle_time_and_counted() {
     let Some(fx) = Fixture::new("dies") else {
@@ -44,32 +111,8 @@ async fn a_consumer_that_dies_mid_handler_is_claimed_after_the_idle_time_and_cou
     fx.publisher().await.publish(&message("c-1")).await.unwrap();
     let guard = guard(1_000);
 
-    // Consumer A runs on a runtime of its own, so that shutting it down
-    // stops every task of A at once, as a crash does: no ack, no release,
-    // no keep-alive.
-    let doomed = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (started_tx, mut started) = mpsc::unbounded_channel();
-    let config_a = fx.config().consumer("a");
-    let guard_a = guard.clone();
-    doomed.spawn(async move {
-        let source = idem_redis_streams::RedisStreamSource::connect(config_a)
-            .await
-            .unwrap();
-        Runner::new(guard_a, source, hangs(started_tx))
-            .run(CancellationToken::new())
-            .await
-    });
-    let first = tokio::time::timeout(Duration::from_secs(10), started.recv())
-        .await
-        .expect("A starts the handler")
-        .unwrap();
+    let first = die_while_handling(&fx, &guard, "a").await;
     assert_eq!(first, 1);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    doomed.shutdown_background();
     assert_eq!(fx.pending(), 1, "A died holding the entry");
 
     let effects = Effects::default();
@@ -92,7 +135,6 @@ async fn a_consumer_that_dies_mid_handler_is_claimed_after_the_idle_time_and_cou
         [2],
         "the delivery to the dead consumer counts as an attempt"
     );
-    assert!(started.try_recv().is_err(), "A's handler ran once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
