@@ -36,6 +36,8 @@ pub struct RedisStreamConfig {
     pub(crate) concurrency: usize,
     pub(crate) claim_idle: Option<Duration>,
     pub(crate) lease: Option<Duration>,
+    #[cfg(feature = "tls")]
+    pub(crate) tls: Option<redis::TlsCertificates>,
 }
 
 impl RedisStreamConfig {
@@ -110,6 +112,8 @@ impl RedisStreamConfig {
             concurrency: 16,
             claim_idle,
             lease: None,
+            #[cfg(feature = "tls")]
+            tls: None,
         })
     }
 
@@ -151,6 +155,48 @@ impl RedisStreamConfig {
     pub fn consumer(mut self, name: impl Into<String>) -> Self {
         self.consumer = Some(name.into());
         self
+    }
+
+    /// For `rediss://` URLs: trust the certificate authorities in `pem`
+    /// instead of the system's roots (a Redis whose certificate a private
+    /// CA signed).
+    #[cfg(feature = "tls")]
+    pub fn tls_ca(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_settings().root_cert = Some(pem.into());
+        self
+    }
+
+    /// For `rediss://` URLs: present this client certificate chain and
+    /// private key (PEM), for a Redis that asks for them (its default once
+    /// TLS is on).
+    #[cfg(feature = "tls")]
+    pub fn tls_client_certificate(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls_settings().client_tls = Some(redis::ClientTlsConfig {
+            client_cert: cert_pem.into(),
+            client_key: key_pem.into(),
+        });
+        self
+    }
+
+    #[cfg(feature = "tls")]
+    fn tls_settings(&mut self) -> &mut redis::TlsCertificates {
+        self.tls.get_or_insert(redis::TlsCertificates {
+            client_tls: None,
+            root_cert: None,
+        })
+    }
+
+    /// A client for the server, with the configured certificates.
+    pub(crate) fn client(&self) -> redis::RedisResult<redis::Client> {
+        #[cfg(feature = "tls")]
+        if let Some(certs) = &self.tls {
+            return redis::Client::build_with_tls(self.server.as_str(), certs.clone());
+        }
+        redis::Client::open(self.server.as_str())
     }
 
     /// The stream consumed: the runner's default namespace.

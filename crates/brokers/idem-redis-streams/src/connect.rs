@@ -59,7 +59,7 @@ pub(crate) async fn open(
         address: config.address(),
         source,
     };
-    let client = redis::Client::open(config.server.as_str()).map_err(unreachable)?;
+    let client = config.client().map_err(unreachable)?;
     let settings = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(5)))
         .set_response_timeout(Some(answer_within))
