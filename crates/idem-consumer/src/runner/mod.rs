@@ -1,10 +1,10 @@
 //! The runner: fetch, claim, handle, settle.
 
 mod process;
+mod tally;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -158,6 +158,7 @@ where
             .unwrap_or(self.concurrency)
             .min(self.concurrency)
             .min(self.guard.store().limits().max_batch.max(1));
+        let tally = tally::Tally::new(namespace.as_str());
         let shared = Arc::new(Shared {
             guard: self.guard,
             source: self.source,
@@ -171,7 +172,7 @@ where
             groups: Mutex::new(HashMap::new()),
             shutdown: shutdown.clone(),
             hard_stop: CancellationToken::new(),
-            counts: Counts::default(),
+            tally,
         });
         let permits = Arc::new(Semaphore::new(self.concurrency));
         let tracker = TaskTracker::new();
@@ -220,12 +221,7 @@ where
                 }
                 Err(e) => {
                     fetch_failures += 1;
-                    shared
-                        .counts
-                        .fetch_errors
-                        .fetch_add(1, AtomicOrdering::Relaxed);
-                    metrics::counter!("idem_consumer_source_errors_total", "op" => "fetch")
-                        .increment(1);
+                    shared.tally.fetch_failed();
                     let pause = fetch_backoff.delay(fetch_failures);
                     tracing::warn!(error = %e, ?pause, "fetching messages failed; trying again");
                     tokio::select! {
@@ -247,7 +243,7 @@ where
             shared.hard_stop.cancel();
             tracker.wait().await;
         }
-        Ok(shared.counts.report())
+        Ok(shared.tally.report())
     }
 }
 
@@ -286,36 +282,6 @@ pub enum RunError {
     Namespace(InvalidInput),
 }
 
-#[derive(Default)]
-struct Counts {
-    handled: AtomicU64,
-    duplicates: AtomicU64,
-    retried_busy: AtomicU64,
-    retried_failed: AtomicU64,
-    retried_unavailable: AtomicU64,
-    dead_lettered: AtomicU64,
-    requeued: AtomicU64,
-    source_errors: AtomicU64,
-    fetch_errors: AtomicU64,
-}
-
-impl Counts {
-    fn report(&self) -> Report {
-        let get = |c: &AtomicU64| c.load(AtomicOrdering::Relaxed);
-        Report {
-            handled: get(&self.handled),
-            duplicates: get(&self.duplicates),
-            retried_busy: get(&self.retried_busy),
-            retried_failed: get(&self.retried_failed),
-            retried_unavailable: get(&self.retried_unavailable),
-            dead_lettered: get(&self.dead_lettered),
-            requeued: get(&self.requeued),
-            source_errors: get(&self.source_errors),
-            fetch_errors: get(&self.fetch_errors),
-        }
-    }
-}
-
 /// A message waiting for another of its group (same key, or same lane when
 /// ordered) to finish.
 struct Parked<R> {
@@ -339,7 +305,7 @@ struct Shared<S, Src: Source, H> {
     groups: Mutex<HashMap<Bytes, VecDeque<Parked<Src::Receipt>>>>,
     shutdown: CancellationToken,
     hard_stop: CancellationToken,
-    counts: Counts,
+    tally: tally::Tally,
 }
 
 impl<S, Src, H> Shared<S, Src, H>
@@ -430,11 +396,13 @@ where
         for (group, delivery, key, permit) in starts {
             let begun = answers.next().expect("one answer per item");
             let this = self.clone();
-            tracker.spawn(async move {
+            // Boxed: the task then moves a pointer, not the whole state
+            // of a guarded handler.
+            tracker.spawn(Box::pin(async move {
                 this.settle(delivery, &key, begun, sent).await;
                 drop(permit);
                 this.drain(group).await;
-            });
+            }));
         }
     }
 
