@@ -98,30 +98,28 @@ pub(crate) async fn expect_type(
 /// first consumer started are handled too.
 pub(crate) async fn declare_group(
     conn: &mut ConnectionManager,
-    config: &RedisStreamConfig,
-) -> Result<(), ConnectError> {
+    stream: &str,
+    group: &str,
+) -> redis::RedisResult<()> {
     let created: redis::RedisResult<()> = redis::cmd("XGROUP")
         .arg("CREATE")
-        .arg(&config.stream)
-        .arg(&config.group)
+        .arg(stream)
+        .arg(group)
         .arg("0")
         .arg("MKSTREAM")
         .query_async(conn)
         .await;
     match created {
-        Err(e) if e.code() != Some("BUSYGROUP") => Err(refused(
-            config,
-            format!(
-                "XGROUP CREATE {} {} 0 MKSTREAM",
-                config.stream, config.group
-            ),
-            e,
-        )),
-        _ => Ok(()),
+        Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+        other => other,
     }
 }
 
-fn refused(config: &RedisStreamConfig, what: String, source: redis::RedisError) -> ConnectError {
+pub(crate) fn refused(
+    config: &RedisStreamConfig,
+    what: String,
+    source: redis::RedisError,
+) -> ConnectError {
     if source.is_io_error() || source.is_connection_dropped() || source.is_timeout() {
         return ConnectError::Unreachable {
             address: config.address(),

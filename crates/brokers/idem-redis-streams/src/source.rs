@@ -116,7 +116,15 @@ impl RedisStreamSource {
         connect::expect_type(&mut conn, &config, &config.stream, "stream").await?;
         connect::expect_type(&mut conn, &config, &retry_set, "zset").await?;
         connect::expect_type(&mut conn, &config, &dead_letter, "stream").await?;
-        connect::declare_group(&mut conn, &config).await?;
+        connect::declare_group(&mut conn, &config.stream, &config.group)
+            .await
+            .map_err(|e| {
+                let what = format!(
+                    "XGROUP CREATE {} {} 0 MKSTREAM",
+                    config.stream, config.group
+                );
+                connect::refused(&config, what, e)
+            })?;
         let consumer = config
             .consumer
             .clone()
@@ -165,7 +173,7 @@ impl RedisStreamSource {
         }
         self.promote_if_due().await?;
         let block = self.block_for();
-        let reply: Value = redis::cmd("XREADGROUP")
+        let reply: redis::RedisResult<Value> = redis::cmd("XREADGROUP")
             .arg("GROUP")
             .arg(&i.group)
             .arg(&i.consumer)
@@ -177,8 +185,11 @@ impl RedisStreamSource {
             .arg(&i.stream)
             .arg(">")
             .query_async(&mut i.reader.clone())
-            .await
-            .map_err(|e| SourceError::new(format!("reading from {}", i.stream), e))?;
+            .await;
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(e) => return self.failed(format!("reading from {}", i.stream), e).await,
+        };
         Ok(read_entries(reply)?
             .into_iter()
             .map(|e| delivery(e, 1))
@@ -208,7 +219,7 @@ impl RedisStreamSource {
             }
             t.cursor.clone()
         };
-        let reply: Value = i
+        let reply: redis::RedisResult<Value> = i
             .claim
             .key(&i.stream)
             .arg(&i.group)
@@ -217,8 +228,15 @@ impl RedisStreamSource {
             .arg(&cursor)
             .arg(max)
             .invoke_async(&mut i.conn.clone())
-            .await
-            .map_err(|e| SourceError::new(format!("claiming idle entries of {}", i.stream), e))?;
+            .await;
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(e) => {
+                return self
+                    .failed(format!("claiming idle entries of {}", i.stream), e)
+                    .await;
+            }
+        };
         let (next, claimed) = match reply {
             Value::Array(parts) if parts.len() == 2 => {
                 let next = entry::text(&parts[0]).unwrap_or_else(|| "0-0".into());
@@ -252,6 +270,30 @@ impl RedisStreamSource {
             tracing::info!(stream = %i.stream, count = claimed.len(), "claimed entries another consumer left idle");
         }
         Ok(claimed)
+    }
+
+    /// A read or claim failed with `e`. When the group is gone (the stream
+    /// was deleted since connect), declares it again, as connect does, and
+    /// answers that nothing was read.
+    async fn failed(
+        &self,
+        what: String,
+        e: redis::RedisError,
+    ) -> Result<Vec<Delivery<RedisStreamReceipt>>, SourceError> {
+        let i = &self.inner;
+        if e.code() != Some("NOGROUP") {
+            return Err(SourceError::new(what, e));
+        }
+        tracing::warn!(stream = %i.stream, group = %i.group, "the consumer group is gone; creating it again");
+        connect::declare_group(&mut i.conn.clone(), &i.stream, &i.group)
+            .await
+            .map_err(|e| {
+                SourceError::new(
+                    format!("creating group {} again on {}", i.group, i.stream),
+                    e,
+                )
+            })?;
+        Ok(Vec::new())
     }
 
     /// Moves due copies from the retry set back into the stream, when a

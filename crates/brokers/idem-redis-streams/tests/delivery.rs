@@ -160,3 +160,25 @@ async fn two_runners_on_one_group_share_the_work() {
     assert!(effects.all().values().all(|v| v == &[1]));
     assert_eq!(ra.handled + rb.handled, N as u64);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_deleted_under_a_consumer_is_consumed_again_once_recreated() {
+    let Some(fx) = Fixture::new("recreated") else {
+        return;
+    };
+    let source = fx.source().await;
+    let client = redis::Client::open(fx.server.as_str()).unwrap();
+    let _: () = redis::Commands::del(&mut client.get_connection().unwrap(), &fx.stream).unwrap();
+    let publisher = fx.publisher().await;
+    publisher.publish(&message("n-1")).await.unwrap();
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    let got = loop {
+        match source.fetch(10).await {
+            Ok(got) if !got.is_empty() => break got,
+            _ if tokio::time::Instant::now() > deadline => panic!("the new stream is never read"),
+            _ => {}
+        }
+    };
+    assert_eq!(got[0].message.id.as_deref(), Some("n-1"));
+}
