@@ -436,11 +436,11 @@ impl Source for RedisStreamSource {
     }
 
     /// First entries other consumers left idle longer than the claim idle
-    /// time (`XAUTOCLAIM`, every half of it), then new entries
-    /// (`XREADGROUP … >`, blocking up to 250 ms); before reading, moves due
-    /// copies from the retry set back into the stream. The reading runs in
-    /// a task of its own, so that a dropped call can hand back what it
-    /// read.
+    /// time (`XAUTOCLAIM`, every half of it, at least every 5 s), then new
+    /// entries (`XREADGROUP … >`, blocking up to 250 ms); before reading,
+    /// moves due copies from the retry set back into the stream. The
+    /// reading runs in a task of its own, so that a dropped call can hand
+    /// back what it read.
     ///
     /// # Cancel safety
     ///
