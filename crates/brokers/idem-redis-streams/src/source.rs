@@ -163,7 +163,7 @@ impl RedisStreamSource {
         RedisStreamPublisher::on(self.inner.conn.clone(), &self.inner.stream)
     }
 
-    /// What [`fetch`](Source::fetch) answers, read on the calling task.
+    /// What [`fetch`](Source::fetch) answers, read on the task it spawns.
     async fn read(&self, max: usize) -> Result<Vec<Delivery<RedisStreamReceipt>>, SourceError> {
         let i = &self.inner;
         let max = max.clamp(1, i.count.max(1));
