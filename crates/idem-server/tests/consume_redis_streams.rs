@@ -19,6 +19,8 @@ struct RedisStreams {
     stream: String,
     conn: redis::aio::MultiplexedConnection,
     publisher: RedisStreamPublisher,
+    /// Reads nothing: it made the group, and tells what is left.
+    observer: RedisStreamSource,
 }
 
 impl RedisStreams {
@@ -32,12 +34,13 @@ impl RedisStreams {
         let publisher = RedisStreamPublisher::connect(&config).await.unwrap();
         // The group exists before anything is published, as it would for
         // a deployed consumer.
-        RedisStreamSource::connect(config).await.unwrap();
+        let observer = RedisStreamSource::connect(config).await.unwrap();
         Some(Self {
             server,
             stream,
             conn,
             publisher,
+            observer,
         })
     }
 
@@ -118,26 +121,7 @@ impl Broker for RedisStreams {
     }
 
     async fn drained(&self) -> bool {
-        let mut conn = self.conn.clone();
-        let groups: Vec<HashMap<String, redis::Value>> = redis::cmd("XINFO")
-            .arg("GROUPS")
-            .arg(&self.stream)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        let group = groups.iter().find(|g| {
-            g.get("name")
-                .and_then(|n| redis::from_redis_value_ref::<String>(n).ok())
-                .as_deref()
-                == Some("idem")
-        });
-        let field = |name: &str| {
-            group
-                .and_then(|g| g.get(name))
-                .and_then(|v| redis::from_redis_value_ref::<i64>(v).ok())
-        };
-        let parked: usize = conn.zcard(format!("{}.retry", self.stream)).await.unwrap();
-        field("lag") == Some(0) && field("pending") == Some(0) && parked == 0
+        self.observer.backlog().await.unwrap().is_drained()
     }
 }
 

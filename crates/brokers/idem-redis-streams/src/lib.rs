@@ -87,4 +87,4 @@ mod source;
 pub use config::{ConfigError, RedisStreamConfig};
 pub use connect::ConnectError;
 pub use publisher::{PublishError, RedisStreamPublisher};
-pub use source::{RedisStreamReceipt, RedisStreamSource};
+pub use source::{Backlog, RedisStreamReceipt, RedisStreamSource};

@@ -1,5 +1,6 @@
 //! The consumer: reads, claims, settles.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -84,6 +85,27 @@ impl Drop for Read {
     }
 }
 
+/// What a consumer group has left to do (see
+/// [`RedisStreamSource::backlog`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Backlog {
+    /// Entries in the stream the group has not read yet; `None` when Redis
+    /// cannot tell (before 7.0, or after entries were deleted).
+    pub unread: Option<u64>,
+    /// Entries read by a consumer and not yet settled.
+    pub pending: u64,
+    /// Copies waiting in the retry set for their due time.
+    pub delayed: u64,
+}
+
+impl Backlog {
+    /// Nothing unread, pending or delayed.
+    pub fn is_drained(&self) -> bool {
+        self.unread == Some(0) && self.pending == 0 && self.delayed == 0
+    }
+}
+
 /// What the source needs to settle one entry: its id, and its fields for a
 /// copy.
 #[derive(Debug)]
@@ -161,6 +183,40 @@ impl RedisStreamSource {
     /// A publisher to the same stream, on this source's connection.
     pub fn publisher(&self) -> RedisStreamPublisher {
         RedisStreamPublisher::on(self.inner.conn.clone(), &self.inner.stream)
+    }
+
+    /// How much work the group has left: entries not yet read, read but
+    /// not settled, and copies waiting in the retry set. For health checks,
+    /// metrics and tests (`XINFO GROUPS` and `ZCARD`, one round trip).
+    ///
+    /// # Cancel safety
+    ///
+    /// Reads only; dropping it changes nothing.
+    pub async fn backlog(&self) -> Result<Backlog, SourceError> {
+        let i = &self.inner;
+        let (groups, delayed): (Vec<HashMap<String, Value>>, u64) = redis::pipe()
+            .cmd("XINFO")
+            .arg("GROUPS")
+            .arg(&i.stream)
+            .cmd("ZCARD")
+            .arg(&i.retry_set)
+            .query_async(&mut i.conn.clone())
+            .await
+            .map_err(|e| SourceError::new(format!("reading the backlog of {}", i.stream), e))?;
+        let group = groups
+            .iter()
+            .find(|g| g.get("name").and_then(entry::text).as_deref() == Some(i.group.as_str()));
+        let field = |name: &str| {
+            group
+                .and_then(|g| g.get(name))
+                .and_then(entry::int)
+                .and_then(|n| u64::try_from(n).ok())
+        };
+        Ok(Backlog {
+            unread: field("lag"),
+            pending: field("pending").unwrap_or(0),
+            delayed,
+        })
     }
 
     /// What [`fetch`](Source::fetch) answers, read on the task it spawns.

@@ -58,5 +58,5 @@ async fn connecting_twice_finds_the_group_it_created() {
         again.unwrap().consumer(),
         "consumer names are unique per start"
     );
-    assert_eq!(fx.pending(), 0);
+    assert_eq!(fx.backlog().await.pending, 0);
 }

@@ -91,7 +91,7 @@ async fn a_message_that_kills_its_consumers_is_dead_lettered_after_max_attempts(
         Runner::new(guard, c, works(effects.clone(), Duration::ZERO)).max_attempts(2),
     );
     eventually(Duration::from_secs(15), "dead-lettered", || async {
-        fx.dead_letters().len() == 1 && fx.drained()
+        fx.dead_letters().len() == 1 && fx.backlog().await.is_drained()
     })
     .await;
     let report = running.stop().await;
@@ -113,7 +113,7 @@ async fn a_consumer_that_dies_mid_handler_is_claimed_after_the_idle_time_and_cou
 
     let first = die_while_handling(&fx, &guard, "a").await;
     assert_eq!(first, 1);
-    assert_eq!(fx.pending(), 1, "A died holding the entry");
+    assert_eq!(fx.backlog().await.pending, 1, "A died holding the entry");
 
     let effects = Effects::default();
     let b = fx.source_with(fx.config().consumer("b")).await;
@@ -125,7 +125,7 @@ async fn a_consumer_that_dies_mid_handler_is_claimed_after_the_idle_time_and_cou
     eventually(
         Duration::from_secs(10),
         "B handles the entry A left",
-        || async { effects.total() == 1 && fx.drained() },
+        || async { effects.total() == 1 && fx.backlog().await.is_drained() },
     )
     .await;
     running.stop().await;
@@ -167,7 +167,10 @@ async fn graceful_shutdown_lets_a_slow_handler_finish_and_acks_it() {
     assert_eq!(effects.of("g-1"), [1], "the slow handler finished");
     assert_eq!(report.handled, 1);
     assert_eq!(report.requeued, 0);
-    assert!(fx.drained(), "the finished message was acked");
+    assert!(
+        fx.backlog().await.is_drained(),
+        "the finished message was acked"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,7 +207,7 @@ async fn work_unfinished_at_shutdown_is_handed_back_at_once_without_using_an_att
     eventually(
         Duration::from_secs(5),
         "the handed-back copy is handled",
-        || async { effects.total() == 1 && fx.drained() },
+        || async { effects.total() == 1 && fx.backlog().await.is_drained() },
     )
     .await;
     second.stop().await;

@@ -36,9 +36,13 @@ async fn entry_fields_become_the_message_and_an_ack_settles_it() {
     assert_eq!(d.message.content_type.as_deref(), Some("application/json"));
     assert_eq!(d.message.headers, sent.headers);
     assert_eq!(d.message.attempt, 1);
-    assert_eq!(fx.pending(), 1, "a fetched entry is pending until acked");
+    assert_eq!(
+        fx.backlog().await.pending,
+        1,
+        "a fetched entry is pending until acked"
+    );
     source.ack(d).await.unwrap();
-    assert_eq!(fx.pending(), 0);
+    assert_eq!(fx.backlog().await.pending, 0);
     assert!(
         source.fetch(10).await.unwrap().is_empty(),
         "an acked entry is not read again"
@@ -92,7 +96,7 @@ async fn duplicates_take_effect_once_and_the_stream_drains() {
     eventually(
         Duration::from_secs(30),
         "all handled and the stream drained",
-        || async { effects.total() >= N && fx.drained() },
+        || async { effects.total() >= N && fx.backlog().await.is_drained() },
     )
     .await;
     let report = running.stop().await;
@@ -104,7 +108,10 @@ async fn duplicates_take_effect_once_and_the_stream_drains() {
     }
     assert_eq!(report.handled, N as u64);
     assert_eq!(report.duplicates, (N / 10) as u64, "{report:?}");
-    assert!(fx.drained(), "entries left pending or parked");
+    assert!(
+        fx.backlog().await.is_drained(),
+        "entries left pending or parked"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,7 +149,7 @@ async fn two_runners_on_one_group_share_the_work() {
         Running::start(Runner::new(guard.clone(), a, handler(Arc::clone(&a_count))).concurrency(8));
     let b = Running::start(Runner::new(guard, b, handler(Arc::clone(&b_count))).concurrency(8));
     eventually(Duration::from_secs(30), "all handled", || async {
-        effects.total() >= N && fx.drained()
+        effects.total() >= N && fx.backlog().await.is_drained()
     })
     .await;
     let (ra, rb) = (a.stop().await, b.stop().await);

@@ -124,7 +124,7 @@ async fn redis_away_for_a_while_pauses_the_consumer_and_loses_nothing() {
     eventually(
         Duration::from_secs(20),
         "all handled and drained",
-        || async { effects.total() >= 100 && fx.drained() },
+        || async { effects.total() >= 100 && fx.backlog().await.is_drained() },
     )
     .await;
     let report = running.stop().await;

@@ -56,11 +56,11 @@ async fn a_message_failing_twice_is_applied_once_after_backoff_through_the_retry
     eventually(
         Duration::from_secs(5),
         "the failed copy parked in the retry set",
-        || async { fx.parked_retries() == 1 },
+        || async { fx.backlog().await.delayed == 1 },
     )
     .await;
     eventually(Duration::from_secs(10), "applied", || async {
-        effects.total() == 1 && fx.drained()
+        effects.total() == 1 && fx.backlog().await.is_drained()
     })
     .await;
     let report = running.stop().await;
@@ -103,7 +103,7 @@ async fn an_always_failing_message_is_dead_lettered_after_max_attempts_with_its_
         });
     let running = Running::start(runner);
     eventually(Duration::from_secs(10), "dead-lettered", || async {
-        fx.dead_letters().len() == 1 && fx.drained()
+        fx.dead_letters().len() == 1 && fx.backlog().await.is_drained()
     })
     .await;
     let report = running.stop().await;
@@ -147,7 +147,7 @@ async fn a_key_held_by_another_consumer_is_retried_later_without_spinning() {
     eventually(
         Duration::from_secs(10),
         "handled once the lease ran out",
-        || async { effects.total() == 1 && fx.drained() },
+        || async { effects.total() == 1 && fx.backlog().await.is_drained() },
     )
     .await;
     let report = running.stop().await;
@@ -192,7 +192,7 @@ async fn parked_copies_come_back_once_when_two_consumers_move_them() {
                 .unwrap();
         }
     }
-    assert_eq!(fx.parked_retries(), N);
+    assert_eq!(fx.backlog().await.delayed, N as u64);
 
     let take = |source: idem_redis_streams::RedisStreamSource| async move {
         let mut got = Vec::new();
@@ -229,5 +229,5 @@ async fn parked_copies_come_back_once_when_two_consumers_move_them() {
             .all(|(_, attempt)| *attempt == 1),
         "a busy retry uses no attempt"
     );
-    assert!(fx.drained());
+    assert!(fx.backlog().await.is_drained());
 }

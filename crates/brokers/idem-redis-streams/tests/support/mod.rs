@@ -9,10 +9,13 @@ use std::time::Duration;
 
 use idem_consumer::{Message, Report, Runner};
 use idem_core::{Bytes, Guard, Lease, MemoryStore};
-use idem_redis_streams::{RedisStreamConfig, RedisStreamPublisher, RedisStreamSource};
+use idem_redis_streams::{
+    Backlog, ConnectError, RedisStreamConfig, RedisStreamPublisher, RedisStreamSource,
+};
 use idem_testkit::services::{absent, url};
 use parking_lot::Mutex;
 use redis::Commands;
+use tokio::sync::OnceCell;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -21,6 +24,7 @@ pub struct Fixture {
     pub server: String,
     pub stream: String,
     client: redis::Client,
+    observer: OnceCell<Result<RedisStreamSource, ConnectError>>,
 }
 
 impl Fixture {
@@ -42,6 +46,7 @@ impl Fixture {
             server,
             stream,
             client,
+            observer: OnceCell::new(),
         })
     }
 
@@ -80,43 +85,15 @@ impl Fixture {
             .expect("the test Redis answers")
     }
 
-    /// Entries of the group fetched and not acked.
-    pub fn pending(&self) -> usize {
-        let reply: redis::Value = redis::cmd("XPENDING")
-            .arg(&self.stream)
-            .arg("idem")
-            .query(&mut self.conn())
-            .expect("XPENDING answers");
-        match reply {
-            redis::Value::Array(v) => redis::from_redis_value(v[0].clone()).unwrap(),
-            other => panic!("unexpected XPENDING answer {other:?}"),
-        }
-    }
-
-    /// Every entry read by the group and settled, and no copy waiting in
-    /// the retry set.
-    pub fn drained(&self) -> bool {
-        let groups: Vec<HashMap<String, redis::Value>> = redis::cmd("XINFO")
-            .arg("GROUPS")
-            .arg(&self.stream)
-            .query(&mut self.conn())
-            .expect("XINFO GROUPS answers");
-        let lag = groups
-            .iter()
-            .find(|g| {
-                g.get("name")
-                    .is_some_and(|n| redis::from_redis_value_ref::<String>(n).unwrap() == "idem")
-            })
-            .and_then(|g| g.get("lag"))
-            .and_then(|l| redis::from_redis_value_ref::<i64>(l).ok());
-        lag == Some(0) && self.pending() == 0 && self.parked_retries() == 0
-    }
-
-    /// Copies waiting in the retry set.
-    pub fn parked_retries(&self) -> usize {
-        self.conn()
-            .zcard(format!("{}.retry", self.stream))
-            .expect("ZCARD answers")
+    /// What the group has left, seen by a source that reads nothing.
+    pub async fn backlog(&self) -> Backlog {
+        let observer = self
+            .observer
+            .get_or_init(|| RedisStreamSource::connect(self.config()))
+            .await
+            .as_ref()
+            .expect("connects to the test Redis");
+        observer.backlog().await.expect("the backlog reads")
     }
 
     /// The dead-letter stream's entries, as field maps.
