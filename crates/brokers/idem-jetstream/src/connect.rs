@@ -159,14 +159,7 @@ async fn declare_stream(
                             .into(),
                 });
             };
-            let created = js
-                .create_stream(stream::Config {
-                    name: name.clone(),
-                    subjects: vec![wanted.clone()],
-                    ..Default::default()
-                })
-                .await;
-            match created {
+            match create_stream(js, name, wanted).await {
                 Ok(stream) => Ok(stream),
                 // Another process created it meanwhile.
                 Err(_) if js.get_stream(name).await.is_ok() => {
@@ -180,6 +173,21 @@ async fn declare_stream(
         }
         Err(e) => Err(request(format!("looking up stream `{name}`"), e)),
     }
+}
+
+/// A file-backed stream named `name` capturing `subject`, with the server's
+/// defaults otherwise (limits retention, a 2 minute duplicate window).
+async fn create_stream(
+    js: &context::Context,
+    name: &str,
+    subject: &str,
+) -> Result<stream::Stream, context::CreateStreamError> {
+    js.create_stream(stream::Config {
+        name: name.to_owned(),
+        subjects: vec![subject.to_owned()],
+        ..Default::default()
+    })
+    .await
 }
 
 fn is_not_found(e: &context::GetStreamError) -> bool {
@@ -283,14 +291,7 @@ async fn declare_dead_letter(
         Ok(_) => Ok(()),
         Err(e) if e.kind() == context::GetStreamByNameErrorKind::NotFound => {
             let name = subject::stream_name_for(&dead);
-            let created = js
-                .create_stream(stream::Config {
-                    name: name.clone(),
-                    subjects: vec![dead.clone()],
-                    ..Default::default()
-                })
-                .await;
-            match created {
+            match create_stream(js, &name, &dead).await {
                 Ok(_) => Ok(()),
                 // Another process created it meanwhile.
                 Err(_) if js.stream_by_subject(dead.clone()).await.is_ok() => Ok(()),

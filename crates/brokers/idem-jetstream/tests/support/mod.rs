@@ -131,6 +131,19 @@ impl Fixture {
         out
     }
 
+    /// Creates the fixture's stream capturing `subject`, before the source
+    /// does.
+    pub async fn create_stream(&self, subject: String) -> jetstream::stream::Stream {
+        self.js
+            .create_stream(jetstream::stream::Config {
+                name: self.stream.clone(),
+                subjects: vec![subject],
+                ..Default::default()
+            })
+            .await
+            .expect("the stream is created")
+    }
+
     /// Number of messages in the stream.
     pub async fn stored(&self) -> u64 {
         let mut stream = self.js.get_stream(&self.stream).await.unwrap();
@@ -210,6 +223,22 @@ impl Effects {
     }
     pub fn applied_total(&self) -> u32 {
         self.inner.lock().applied.values().sum()
+    }
+
+    /// A handler keyed by message id that records the call, works for
+    /// `pause`, then applies the effect.
+    pub fn handler(&self, pause: Duration) -> impl idem_consumer::Handler {
+        let effects = self.clone();
+        move |m: Message, _claim: ClaimHandle| {
+            let effects = effects.clone();
+            async move {
+                let key = m.id.clone().unwrap_or_default();
+                effects.called(&key, m.attempt);
+                tokio::time::sleep(pause).await;
+                effects.apply(&key);
+                done()
+            }
+        }
     }
 }
 

@@ -1,0 +1,71 @@
+//! A handler longer than AckWait is kept alive with progress acks, and a
+//! shutdown lets a slow handler finish and ack before `run` returns.
+
+mod support;
+
+use std::time::Duration;
+
+use idem_consumer::Runner;
+use support::{Effects, Fixture, guard, spawn, wait_settled, wait_until};
+
+#[tokio::test]
+async fn a_handler_longer_than_ack_wait_is_not_redelivered_meanwhile() {
+    let Some(f) = Fixture::new("progress").await else {
+        return;
+    };
+    let source = f.source(f.config().ack_wait(Duration::from_secs(1))).await;
+    assert_eq!(source.ack_wait(), Duration::from_secs(1));
+    f.publish("paid", "order-1", &[], "{}").await;
+    let effects = Effects::default();
+    let handler = effects.handler(Duration::from_secs(3));
+    let running = spawn(Runner::new(
+        guard(Duration::from_secs(10)),
+        source.clone(),
+        handler,
+    ));
+    wait_until(Duration::from_secs(10), "the handler to finish", || async {
+        effects.applied("order-1") == 1
+    })
+    .await;
+    wait_settled(&source).await;
+    // A redelivery would show as a second (parked, then duplicate) copy.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let info = source.consumer_info().await.unwrap();
+    let report = running.stop().await;
+
+    assert_eq!(effects.calls("order-1"), 1, "one handler run");
+    assert_eq!(effects.attempts("order-1"), [1]);
+    assert_eq!(info.num_redelivered, 0, "the server never redelivered it");
+    assert_eq!(info.delivered.stream_sequence, 1);
+    assert_eq!((report.handled, report.duplicates), (1, 0), "{report:?}");
+}
+
+#[tokio::test]
+async fn shutdown_lets_a_slow_handler_finish_and_ack() {
+    let Some(f) = Fixture::new("shutdown").await else {
+        return;
+    };
+    let source = f.source(f.config()).await;
+    f.publish("paid", "order-1", &[], "{}").await;
+    let effects = Effects::default();
+    let handler = effects.handler(Duration::from_millis(1500));
+    let running = spawn(
+        Runner::new(guard(Duration::from_secs(10)), source.clone(), handler)
+            .shutdown_grace(Duration::from_secs(10)),
+    );
+    wait_until(Duration::from_secs(10), "the handler to start", || async {
+        effects.started("order-1")
+    })
+    .await;
+    let report = running.stop().await;
+
+    assert_eq!(effects.applied("order-1"), 1, "the handler finished");
+    assert_eq!((report.handled, report.requeued), (1, 0), "{report:?}");
+    let info = source.consumer_info().await.unwrap();
+    assert_eq!(
+        (info.num_pending, info.num_ack_pending),
+        (0, 0),
+        "acked before run returned"
+    );
+    wait_settled(&source).await;
+}
