@@ -7,7 +7,7 @@ use url::Url;
 use crate::subject;
 
 /// The URL form, quoted in every error about one.
-pub(crate) const URL_FORM: &str = "nats://[user:password@]host:port?stream=NAME&consumer=NAME[&subject=SUBJECT][&dead_letter=SUBJECT][&ack_wait=30s]";
+pub(crate) const URL_FORM: &str = "nats://[user:password@]host:port (tls:// for TLS)?stream=NAME&consumer=NAME[&subject=SUBJECT][&dead_letter=SUBJECT][&ack_wait=30s]";
 
 /// Where and how to consume: the server, the stream, the durable pull
 /// consumer, where dead letters go, and how many messages are held at once.
@@ -52,9 +52,9 @@ impl JetStreamConfig {
     /// Unknown, repeated or missing parameters are refused with the URL form.
     pub fn from_url(url: &str) -> Result<Self, ConfigError> {
         let parsed = Url::parse(url).map_err(|e| ConfigError::new(format!("not a URL ({e})")))?;
-        if parsed.scheme() != "nats" {
+        if !matches!(parsed.scheme(), "nats" | "tls") {
             return Err(ConfigError::new(format!(
-                "the scheme is `{}`, expected `nats`",
+                "the scheme is `{}`, expected `nats` (or `tls`)",
                 parsed.scheme()
             )));
         }
@@ -125,9 +125,12 @@ impl JetStreamConfig {
         self
     }
 
-    /// How many messages the runner holds at once: the pull batch, and the
-    /// `max_ack_pending` of a consumer this creates (an existing consumer
-    /// with less is raised to it). Default 16, at least 1.
+    /// How many messages the runner holds at once: the pull batch, so a
+    /// process asks for no more than it can work on. The consumer's
+    /// `max_ack_pending` bounds every process sharing it together, so a
+    /// consumer this creates gets the larger of this and 1000 (the server's
+    /// default), and an existing one with less than this is raised to it.
+    /// Default 16, at least 1.
     pub fn concurrency(mut self, n: usize) -> Self {
         self.concurrency = n.max(1);
         self

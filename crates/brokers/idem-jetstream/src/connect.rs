@@ -15,6 +15,10 @@ use crate::{JetStreamConfig, subject};
 /// own default).
 const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
 
+/// `max_ack_pending` of a consumer this creates, at least: the server's
+/// default, as it bounds all the processes sharing the consumer together.
+const SHARED_ACK_PENDING: i64 = 1000;
+
 /// The source could not start.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -266,7 +270,7 @@ async fn declare_consumer(
                 ack_policy: AckPolicy::Explicit,
                 ack_wait: config.ack_wait.unwrap_or(DEFAULT_ACK_WAIT),
                 max_deliver: -1,
-                max_ack_pending: wanted_pending,
+                max_ack_pending: wanted_pending.max(SHARED_ACK_PENDING),
                 filter_subject: config.subject.clone().unwrap_or_default(),
                 ..Default::default()
             })
