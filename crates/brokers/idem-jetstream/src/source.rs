@@ -241,7 +241,9 @@ fn delivery(m: jetstream::Message) -> Result<Delivery<Receipt>, SourceError> {
         headers,
         body: m.payload,
         attempt,
-        lane: None,
+        // A stream gives one order, not one per lane; the runner sets the
+        // key.
+        ..Message::default()
     };
     Ok(Delivery {
         message,

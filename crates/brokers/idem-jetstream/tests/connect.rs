@@ -50,16 +50,26 @@ async fn connecting_twice_reuses_the_stream_and_raises_the_consumer_to_the_concu
         "room for every process sharing the consumer"
     );
     assert_eq!(info.config.ack_policy, AckPolicy::Explicit);
-    assert_eq!(info.config.max_deliver, -1, "the runner decides dead-lettering");
+    assert_eq!(
+        info.config.max_deliver, -1,
+        "the runner decides dead-lettering"
+    );
     assert_eq!(info.config.filter_subject, format!("{}.>", f.prefix));
     assert_eq!(info.config.ack_wait, Duration::from_secs(30));
     f.publish("paid", "order-1", &[], "{}").await;
 
     let second = f
-        .source(f.config().concurrency(2000).ack_wait(Duration::from_secs(45)))
+        .source(
+            f.config()
+                .concurrency(2000)
+                .ack_wait(Duration::from_secs(45)),
+        )
         .await;
     let info = second.consumer_info().await.unwrap();
-    assert_eq!(info.config.max_ack_pending, 2000, "raised to the concurrency");
+    assert_eq!(
+        info.config.max_ack_pending, 2000,
+        "raised to the concurrency"
+    );
     assert_eq!(info.config.ack_wait, Duration::from_secs(45));
     assert_eq!(info.num_pending, 1, "the consumer kept its place");
     assert_eq!(f.stored().await, 1, "the stream kept its messages");
