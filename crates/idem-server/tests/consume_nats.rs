@@ -3,81 +3,24 @@
 //! keys, SIGTERM).
 
 mod support;
+// The JetStream crate's own test fixture: a stream of the test's own,
+// deleted on drop.
+#[path = "../../brokers/idem-jetstream/tests/support/mod.rs"]
+mod jetstream_support;
 
 use std::collections::HashMap;
-use std::time::Duration;
 
-use async_nats::jetstream;
-use idem_jetstream::{JetStreamConfig, JetStreamPublisher, JetStreamSource};
-use support::consume::{self, Broker, unique};
+use idem_jetstream::{JetStreamConfig, JetStreamSource};
+use jetstream_support::Fixture;
+use support::consume::{self, Broker};
 
-/// A stream, subject and consumer of the test's own; the stream and its
-/// dead-letter stream are deleted on drop.
-struct Nats {
-    url: String,
-    stream: String,
-    prefix: String,
-    js: jetstream::Context,
-    publisher: JetStreamPublisher,
-}
+struct Nats(Fixture);
 
 impl Nats {
     async fn new(test: &str) -> Option<Self> {
-        let url = idem_testkit::services::url("IDEM_TEST_NATS_URL", "nats://127.0.0.1:4222");
-        let client = match async_nats::ConnectOptions::new()
-            .connection_timeout(Duration::from_secs(2))
-            .connect(url.as_str())
-            .await
-        {
-            Ok(c) => c,
-            Err(e) => return idem_testkit::services::absent("NATS", &url, e),
-        };
-        let publisher = match JetStreamPublisher::connect(&url).await {
-            Ok(p) => p,
-            Err(e) => return idem_testkit::services::absent("NATS JetStream", &url, e),
-        };
-        let stream = unique(&format!("IDEMCONSUME_{test}")).replace('-', "_");
-        let prefix = stream.to_lowercase();
-        let js = jetstream::new(client);
-        js.create_stream(jetstream::stream::Config {
-            name: stream.clone(),
-            subjects: vec![format!("{prefix}.>")],
-            ..Default::default()
-        })
-        .await
-        .expect("the stream is created");
-        Some(Self {
-            url,
-            stream,
-            prefix,
-            js,
-            publisher,
-        })
-    }
-}
-
-impl Drop for Nats {
-    fn drop(&mut self) {
-        let url = self.url.clone();
-        let names = [self.stream.clone(), format!("{}_dead-letter", self.stream)];
-        // Drop cannot await; a thread with a runtime (and a connection) of
-        // its own can.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let Ok(client) = async_nats::connect(url.as_str()).await else {
-                    return;
-                };
-                let js = jetstream::new(client);
-                for name in names {
-                    let _ = js.delete_stream(&name).await;
-                }
-            });
-        })
-        .join();
+        let f = Fixture::new(&format!("consume_{test}")).await?;
+        f.create_stream(format!("{}.>", f.prefix)).await;
+        Some(Self(f))
     }
 }
 
@@ -88,13 +31,13 @@ impl Broker for Nats {
         // AckWait above the 2 s lease the crash scenario uses, and short
         // enough that the killed process's messages come back soon.
         format!(
-            "{}?stream={}&consumer=idem&subject={}.%3E&ack_wait=5s",
-            self.url, self.stream, self.prefix
+            "{}?stream={}&consumer={}&subject={}.%3E&ack_wait=5s",
+            self.0.url, self.0.stream, self.0.consumer, self.0.prefix
         )
     }
 
     fn name(&self) -> String {
-        self.stream.clone()
+        self.0.stream.clone()
     }
 
     async fn library_source(&self) -> JetStreamSource {
@@ -107,11 +50,12 @@ impl Broker for Nats {
     }
 
     async fn publish(&self, messages: &[(String, Vec<u8>)]) {
-        let subject = format!("{}.orders", self.prefix);
+        let subject = format!("{}.orders", self.0.prefix);
         for (id, body) in messages {
             // A copy with the same id inside the duplicate window is
             // dropped by the stream itself (`duplicate` in the answer).
-            self.publisher
+            self.0
+                .publisher
                 .publish(&subject, id, &[], body.clone())
                 .await
                 .expect("the stream acknowledges the message");
@@ -120,8 +64,9 @@ impl Broker for Nats {
 
     async fn dead_letters(&self) -> Vec<(HashMap<String, String>, Vec<u8>)> {
         let Ok(mut stream) = self
+            .0
             .js
-            .get_stream(format!("{}_dead-letter", self.stream))
+            .get_stream(format!("{}_dead-letter", self.0.stream))
             .await
         else {
             return Vec::new();
@@ -143,10 +88,10 @@ impl Broker for Nats {
     }
 
     async fn drained(&self) -> bool {
-        let Ok(stream) = self.js.get_stream(&self.stream).await else {
+        let Ok(stream) = self.0.js.get_stream(&self.0.stream).await else {
             return false;
         };
-        match stream.consumer_info("idem").await {
+        match stream.consumer_info(&self.0.consumer).await {
             Ok(info) => info.num_pending == 0 && info.num_ack_pending == 0,
             Err(_) => false,
         }
