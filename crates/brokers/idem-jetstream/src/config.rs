@@ -125,8 +125,8 @@ impl JetStreamConfig {
         self
     }
 
-    /// How many messages the runner holds at once: the pull batch, so a
-    /// process asks for no more than it can work on. The consumer's
+    /// How many messages the runner holds at once; each pull asks for no
+    /// more than the runner has room for. The consumer's
     /// `max_ack_pending` bounds every process sharing it together, so a
     /// consumer this creates gets the larger of this and 1000 (the server's
     /// default), and an existing one with less than this is raised to it.

@@ -6,13 +6,12 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::PullConsumer;
-use async_nats::jetstream::consumer::pull::Stream as Pulled;
+use async_nats::jetstream::consumer::pull;
 use async_nats::jetstream::message::Acker;
 use async_nats::jetstream::{self, AckKind, context};
 use bytes::Bytes;
-use futures_util::{FutureExt, StreamExt};
+use futures_util::StreamExt;
 use idem_consumer::{DeadLetter, Delivery, Message, RetryReason, Source, SourceError};
-use tokio::sync::Mutex;
 
 use crate::connect::{self, ConnectError};
 use crate::publisher::publish_acked;
@@ -21,16 +20,12 @@ use crate::{JetStreamConfig, JetStreamPublisher};
 /// How long a fetch waits for a first message before answering with none.
 const FETCH_WAIT: Duration = Duration::from_secs(1);
 
-/// A pull request's lifetime: the server answers an idle one after this and
-/// the client asks again.
-const PULL_EXPIRES: Duration = Duration::from_secs(10);
-
 /// A JetStream stream read through a durable pull consumer, as the runner's
 /// [`Source`]. Clones share the connection and the pull.
 ///
 /// | runner verb | JetStream |
 /// |---|---|
-/// | `fetch` | messages from a standing pull of `concurrency` messages |
+/// | `fetch` | a pull request for what the server has now (up to the runner's room), else a wait for one message |
 /// | `ack` | `+ACK`, waiting for the server's confirmation (AckAck) |
 /// | `retry` | `-NAK` with the delay: the server redelivers then |
 /// | `requeue` | `-NAK` without delay |
@@ -60,8 +55,6 @@ struct Inner {
     stream: String,
     context: context::Context,
     consumer: PullConsumer,
-    pulled: Mutex<Option<Pulled>>,
-    batch: usize,
     dead_letter: String,
     ack_wait: Duration,
 }
@@ -101,8 +94,6 @@ impl JetStreamSource {
                 stream: config.stream.clone(),
                 context,
                 consumer: declared.consumer,
-                pulled: Mutex::new(None),
-                batch: config.concurrency,
                 dead_letter: config.dead_letter_subject(),
                 ack_wait: declared.ack_wait,
             }),
@@ -138,51 +129,46 @@ impl JetStreamSource {
             .map_err(|e| SourceError::new("reading the consumer's info", e))
     }
 
+    /// Asks the server for what it has now, up to `max`; when it has
+    /// nothing, waits up to [`FETCH_WAIT`] for one message. Every message
+    /// pulled is handed to the runner: none waits in a client buffer with
+    /// its AckWait running.
     async fn pull(&self, max: usize) -> Result<Vec<Delivery<Receipt>>, SourceError> {
-        let mut slot = self.inner.pulled.lock().await;
-        let pulled = match slot.as_mut() {
-            Some(pulled) => pulled,
-            None => slot.insert(
-                self.inner
-                    .consumer
-                    .stream()
-                    .max_messages_per_batch(self.inner.batch)
-                    .expires(PULL_EXPIRES)
-                    .messages()
-                    .await
-                    .map_err(|e| SourceError::new("starting to pull messages", e))?,
-            ),
-        };
-        let first = match tokio::time::timeout(FETCH_WAIT, pulled.next()).await {
-            Err(_) => return Ok(Vec::new()),
-            Ok(Some(Ok(m))) => m,
-            Ok(Some(Err(e))) => {
-                // A fresh pull next time: the old one may be broken for good.
-                *slot = None;
-                return Err(SourceError::new("pulling messages", e));
-            }
-            Ok(None) => {
-                *slot = None;
-                return Err(SourceError::new(
-                    "pulling messages",
-                    "the pull ended (the consumer was deleted?)",
-                ));
-            }
-        };
-        let mut out = vec![delivery(first)?];
-        // Whatever else has already arrived, without waiting.
-        while out.len() < max {
-            match pulled.next().now_or_never() {
-                Some(Some(Ok(m))) => out.push(delivery(m)?),
-                Some(Some(Err(e))) => {
-                    tracing::debug!(error = %e, "pulling messages");
-                    break;
-                }
-                _ => break,
-            }
+        let now = self.inner.consumer.fetch().max_messages(max).messages();
+        let ready = take(now.await).await?;
+        if !ready.is_empty() {
+            return Ok(ready);
         }
-        Ok(out)
+        let first = self
+            .inner
+            .consumer
+            .batch()
+            .max_messages(1)
+            .expires(FETCH_WAIT)
+            .messages();
+        take(first.await).await
     }
+}
+
+/// Every message of one pull request, until the server ends it.
+async fn take(
+    batch: Result<pull::Batch, pull::BatchError>,
+) -> Result<Vec<Delivery<Receipt>>, SourceError> {
+    let mut batch = batch.map_err(|e| SourceError::new("pulling messages", e))?;
+    let mut out = Vec::new();
+    while let Some(m) = batch.next().await {
+        match m {
+            Ok(m) => out.push(delivery(m)?),
+            // What came before the error is returned; the rest of the
+            // request comes back after AckWait.
+            Err(e) if !out.is_empty() => {
+                tracing::debug!(error = %e, "pulling messages");
+                break;
+            }
+            Err(e) => return Err(SourceError::new("pulling messages", e)),
+        }
+    }
+    Ok(out)
 }
 
 /// What settles one JetStream delivery.
@@ -271,8 +257,8 @@ impl Source for JetStreamSource {
         &self.inner.stream
     }
 
-    /// Dropping the future loses nothing: a message not yet returned stays
-    /// in the standing pull for the next fetch.
+    /// Dropping the future mid-pull leaves the messages of that request
+    /// unacknowledged: the server redelivers them after AckWait.
     async fn fetch(&self, max: usize) -> Result<Vec<Delivery<Receipt>>, SourceError> {
         self.pull(max).await
     }

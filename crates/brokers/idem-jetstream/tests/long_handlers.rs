@@ -41,6 +41,44 @@ async fn a_handler_longer_than_ack_wait_is_not_redelivered_meanwhile() {
 }
 
 #[tokio::test]
+async fn messages_wait_at_the_server_not_in_the_client_while_handlers_are_busy() {
+    let Some(f) = Fixture::new("nobuffer").await else {
+        return;
+    };
+    let source = f
+        .source(f.config().ack_wait(Duration::from_secs(1)).concurrency(2))
+        .await;
+    let effects = Effects::default();
+    let handler = effects.handler(Duration::from_millis(2000));
+    let running =
+        spawn(Runner::new(guard(Duration::from_secs(10)), source.clone(), handler).concurrency(2));
+    f.publish("paid", "order-1", &[], "{}").await;
+    wait_until(Duration::from_secs(10), "the first handler", || async {
+        effects.started("order-1")
+    })
+    .await;
+    // Two more while one handler slot is free: one is taken, the other must
+    // stay at the server until a slot frees, past its AckWait.
+    f.publish("paid", "order-2", &[], "{}").await;
+    f.publish("paid", "order-3", &[], "{}").await;
+    wait_until(Duration::from_secs(15), "all three handled", || async {
+        effects.applied_total() == 3
+    })
+    .await;
+    wait_settled(&source).await;
+    let info = source.consumer_info().await.unwrap();
+    let report = running.stop().await;
+
+    // A message pulled ahead into the client while both handlers worked
+    // would have outlived its AckWait there and come back redelivered.
+    for key in ["order-1", "order-2", "order-3"] {
+        assert_eq!(effects.attempts(key), [1], "{key}: its first delivery");
+    }
+    assert_eq!(info.num_redelivered, 0);
+    assert_eq!((report.handled, report.duplicates), (3, 0), "{report:?}");
+}
+
+#[tokio::test]
 async fn shutdown_lets_a_slow_handler_finish_and_ack() {
     let Some(f) = Fixture::new("shutdown").await else {
         return;
