@@ -270,6 +270,15 @@ mod tests {
     }
 
     #[test]
+    fn tls_urls_and_defaults() {
+        let c = JetStreamConfig::from_url("tls://nats.example:4443?stream=S&consumer=c").unwrap();
+        assert_eq!(address_of(&c.server), "nats.example:4443");
+        assert_eq!(c.subject(), None);
+        assert_eq!(c.ack_wait, None, "the consumer's own AckWait is kept");
+        assert_eq!(c.concurrency, 16);
+    }
+
+    #[test]
     fn bad_urls_name_the_parameter_and_show_the_form() {
         for (url, says) in [
             ("nats://h:4222?consumer=c", "missing parameter `stream`"),

@@ -21,7 +21,7 @@ use crate::{JetStreamConfig, JetStreamPublisher};
 const FETCH_WAIT: Duration = Duration::from_secs(1);
 
 /// A JetStream stream read through a durable pull consumer, as the runner's
-/// [`Source`]. Clones share the connection and the pull.
+/// [`Source`]. Clones share the connection.
 ///
 /// | runner verb | JetStream |
 /// |---|---|
