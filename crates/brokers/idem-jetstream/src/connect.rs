@@ -84,7 +84,7 @@ pub(crate) async fn jetstream(server: &Url) -> Result<context::Context, ConnectE
         .await
         .map_err(|e| ConnectError::Unreachable {
             address: address.clone(),
-            reason: e.kind().to_string(),
+            reason: e.to_string(),
         })?;
     // The account info request answers whether JetStream is on (the
     // client's typed call cannot parse a 2.9 server's answer).
