@@ -34,9 +34,10 @@ const FETCH_WAIT: Duration = Duration::from_secs(1);
 ///
 /// **Attempts.** [`Message::attempt`] is the server's delivery count for the
 /// message. NATS cannot carry a count of its own on a nak, so every
-/// delivery counts: a busy retry (another consumer holds the key), a retry
-/// while the store was unreachable and a hand-back at shutdown use up an
-/// attempt as a handler failure does. A delivery that died with its
+/// delivery counts: a busy retry (another consumer holds the key) and a
+/// retry while the store was unreachable use up an attempt as a handler
+/// failure does (a hand-back at shutdown may too, unless the server rolls
+/// back the delivery of the last message it sent). A delivery that died with its
 /// consumer counts too, so a message that kills the process is
 /// dead-lettered eventually. Give [`Runner::max_attempts`](idem_consumer::Runner::max_attempts)
 /// room for the busy retries you expect (a key held by a consumer that

@@ -107,3 +107,57 @@ async fn shutdown_lets_a_slow_handler_finish_and_ack() {
     );
     wait_settled(&source).await;
 }
+
+#[tokio::test]
+async fn a_handler_past_the_shutdown_grace_is_handed_back_for_immediate_redelivery() {
+    let Some(f) = Fixture::new("handback").await else {
+        return;
+    };
+    let source = f.source(f.config()).await;
+    assert_eq!(source.ack_wait(), Duration::from_secs(30));
+    f.publish("paid", "order-1", &[], "{}").await;
+    let store = idem_core::MemoryStore::new();
+    let lease = idem_core::Lease::new(Duration::from_secs(10));
+    let stuck = Effects::default();
+    let running = spawn(
+        Runner::new(
+            idem_core::Guard::new(store.clone()).lease(lease),
+            source.clone(),
+            stuck.handler(Duration::from_secs(60)),
+        )
+        .shutdown_grace(Duration::from_millis(200)),
+    );
+    wait_until(Duration::from_secs(10), "the handler to start", || async {
+        stuck.started("order-1")
+    })
+    .await;
+    let report = running.stop().await;
+    assert_eq!(report.requeued, 1, "{report:?}");
+
+    // The next consumer gets it at once, not after the 30 s AckWait, and
+    // the released claim lets it run.
+    let effects = Effects::default();
+    let running = spawn(Runner::new(
+        idem_core::Guard::new(store).lease(lease),
+        source.clone(),
+        effects.handler(Duration::ZERO),
+    ));
+    wait_until(Duration::from_secs(5), "the redelivery", || async {
+        effects.applied("order-1") == 1
+    })
+    .await;
+    wait_settled(&source).await;
+    running.stop().await;
+    assert_eq!(
+        stuck.applied("order-1"),
+        0,
+        "the first handler never finished"
+    );
+    // The server may roll a nak'd last delivery back, so the hand-back
+    // need not count as an attempt.
+    assert_eq!(
+        effects.calls("order-1"),
+        1,
+        "handled once, by the next consumer"
+    );
+}
