@@ -43,7 +43,12 @@ const FETCH_WAIT: Duration = Duration::from_secs(1);
 /// room for the busy retries you expect (a key held by a consumer that
 /// died is retried until its lease expires).
 ///
-/// **Dead letters** are settled with `+TERM` after the copy is stored: it
+/// **Dead letters** keep the body and headers, add `idem-key`,
+/// `idem-attempts` and `idem-last-error`, and carry `Nats-Msg-Id`
+/// `<stream>:<sequence>` (the producer's id moves to `idem-message-id`), so
+/// the dead-letter stream drops a dead letter published twice but never two
+/// messages that shared a producer id. They are settled with `+TERM` after
+/// the copy is stored: it
 /// stops redelivery as an ack does and, unlike an ack, tells the server's
 /// advisories (`$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED`) the message
 /// was given up on, which monitoring can count.
@@ -288,14 +293,18 @@ impl Source for JetStreamSource {
         for (name, value) in why.headers() {
             headers.insert(name, value.as_str());
         }
-        // A dead letter published again (its ack was lost) is dropped by
-        // the dead-letter stream's duplicate window.
-        if headers.get_last("Nats-Msg-Id").is_none() {
-            headers.insert(
-                "Nats-Msg-Id",
-                format!("{}:{}", self.inner.stream, receipt.stream_sequence).as_str(),
-            );
+        // The dead letter's id names this stream message, so a dead letter
+        // published again (its ack was lost) is dropped by the dead-letter
+        // stream's duplicate window, while another message that reused the
+        // producer's id (a replay of a dead letter, say) is not. The
+        // producer's id moves to `idem-message-id`.
+        if let Some(id) = headers.get_last("Nats-Msg-Id").cloned() {
+            headers.insert("idem-message-id", id);
         }
+        headers.insert(
+            "Nats-Msg-Id",
+            format!("{}:{}", self.inner.stream, receipt.stream_sequence).as_str(),
+        );
         publish_acked(
             &self.inner.context,
             self.inner.dead_letter.clone(),

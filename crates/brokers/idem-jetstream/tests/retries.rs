@@ -123,7 +123,12 @@ async fn always_failing_is_dead_lettered_after_max_attempts_with_its_headers() {
     assert_eq!(&d.payload[..], br#"{"amount":12}"#, "the body is kept");
     let h = |name: &str| d.headers.get_last(name).map(|v| v.as_str().to_owned());
     assert_eq!(h("tenant").as_deref(), Some("acme"), "headers are kept");
-    assert_eq!(h("Nats-Msg-Id").as_deref(), Some("order-9"));
+    assert_eq!(h("idem-message-id").as_deref(), Some("order-9"));
+    assert_eq!(
+        h("Nats-Msg-Id"),
+        Some(format!("{}:1", f.stream)),
+        "deduplicated per stream message"
+    );
     assert_eq!(h("idem-key").as_deref(), Some("order-9"));
     assert_eq!(h("idem-attempts").as_deref(), Some("3"));
     let last = h("idem-last-error").unwrap();
@@ -170,5 +175,50 @@ async fn a_key_held_elsewhere_is_retried_a_few_times_then_handled_once() {
     assert_eq!(
         effects.attempts("order-5"),
         [report.retried_busy as u32 + 1]
+    );
+}
+
+#[tokio::test]
+async fn dead_letters_of_two_messages_sharing_a_producer_id_are_both_kept() {
+    let Some(f) = Fixture::new("deadtwice").await else {
+        return;
+    };
+    // A short duplicate window lets the producer reuse an id, as a replay
+    // of a dead letter does once the window has passed.
+    f.js.create_stream(async_nats::jetstream::stream::Config {
+        name: f.stream.clone(),
+        subjects: vec![format!("{}.>", f.prefix)],
+        duplicate_window: Duration::from_millis(200),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let source = f.source(f.config()).await;
+    f.publish("paid", "order-7", &[("order-id", "a")], "first")
+        .await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    f.publish("paid", "order-7", &[("order-id", "b")], "second")
+        .await;
+    let handler = |_m: idem_consumer::Message, _claim: support::Claim| async move {
+        Err::<idem_core::Bytes, _>(HandlerError::permanent("malformed order"))
+    };
+    let running = spawn(
+        Runner::new(guard(Duration::from_secs(10)), source.clone(), handler)
+            .key(KeyFrom::Header("order-id".into())),
+    );
+    wait_settled(&source).await;
+    let report = running.stop().await;
+
+    assert_eq!(report.dead_lettered, 2, "{report:?}");
+    let bodies: Vec<_> = f
+        .dead_letters()
+        .await
+        .iter()
+        .map(|d| d.payload.clone())
+        .collect();
+    assert_eq!(
+        bodies,
+        ["first", "second"],
+        "neither was dropped as a duplicate"
     );
 }
