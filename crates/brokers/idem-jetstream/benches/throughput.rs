@@ -214,6 +214,7 @@ async fn bare(js: &jetstream::Context, url: &str, n: usize, concurrency: usize) 
     }
     let elapsed = started.elapsed();
     let _ = js.delete_stream(&stream).await;
+    let _ = js.delete_stream(format!("{stream}_dead-letter")).await;
     row("bare async-nats pull consumer", n, elapsed, &clock)
 }
 
