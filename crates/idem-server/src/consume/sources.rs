@@ -64,10 +64,20 @@ async fn amqp(from: &str, job: Job) -> Result<Report, Failure> {
 
 #[cfg(feature = "jetstream")]
 async fn jetstream(from: &str, job: Job) -> Result<Report, Failure> {
-    let _ = job;
-    Err(Failure::Run(format!(
-        "{from}: the jetstream source is not wired yet"
-    )))
+    use idem_jetstream::{JetStreamConfig, JetStreamSource};
+
+    let mut config = JetStreamConfig::from_url(from)
+        .map_err(|e| bad("from", e.to_string()))?
+        .concurrency(job.concurrency)
+        .lease(job.lease);
+    if let Some(subject) = &job.dead_letter {
+        config = config.dead_letter(subject.clone());
+    }
+    // The error names the server as host:port only: never the password.
+    let source = JetStreamSource::connect(config)
+        .await
+        .map_err(|e| Failure::Run(e.to_string()))?;
+    job.run(source).await
 }
 
 #[cfg(feature = "redis-streams")]

@@ -1,0 +1,351 @@
+//! The runner's verbs on a JetStream pull consumer.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::consumer::pull;
+use async_nats::jetstream::message::Acker;
+use async_nats::jetstream::{self, AckKind, context};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use idem_consumer::{DeadLetter, Delivery, Message, RetryReason, Source, SourceError};
+
+use crate::connect::{self, ConnectError};
+use crate::publisher::publish_acked;
+use crate::{JetStreamConfig, JetStreamPublisher};
+
+/// How long a fetch waits for a first message before answering with none.
+const FETCH_WAIT: Duration = Duration::from_secs(1);
+
+/// A JetStream stream read through a durable pull consumer, as the runner's
+/// [`Source`]. Clones share the connection.
+///
+/// | runner verb | JetStream |
+/// |---|---|
+/// | `fetch` | a pull request for what the server has now (up to the runner's room), else a wait for one message |
+/// | `ack` | `+ACK`, waiting for the server's confirmation (AckAck) |
+/// | `retry` | `-NAK` with the delay: the server redelivers then |
+/// | `requeue` | `-NAK` without delay |
+/// | `dead_letter` | publish to the dead-letter subject (waiting for the stream's ack), then `+TERM` |
+/// | `keep_alive` | `+WPI` (in progress) every AckWait / 3 |
+///
+/// **Attempts.** [`Message::attempt`] is the server's delivery count for the
+/// message. NATS cannot carry a count of its own on a nak, so every
+/// delivery counts: a busy retry (another consumer holds the key) and a
+/// retry while the store was unreachable use up an attempt as a handler
+/// failure does (a hand-back at shutdown may too, unless the server rolls
+/// back the delivery of the last message it sent). A delivery that died with its
+/// consumer counts too, so a message that kills the process is
+/// dead-lettered eventually. Give [`Runner::max_attempts`](idem_consumer::Runner::max_attempts)
+/// room for the busy retries you expect (a key held by a consumer that
+/// died is retried until its lease expires).
+///
+/// **Dead letters** keep the body and headers, add `idem-key`,
+/// `idem-attempts` and `idem-last-error`, and carry `Nats-Msg-Id`
+/// `<stream>:<sequence>` (the producer's id moves to `idem-message-id`), so
+/// the dead-letter stream drops a dead letter published twice but never two
+/// messages that shared a producer id. They are settled with `+TERM` after
+/// the copy is stored: it
+/// stops redelivery as an ack does and, unlike an ack, tells the server's
+/// advisories (`$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED`) the message
+/// was given up on, which monitoring can count.
+#[derive(Clone)]
+pub struct JetStreamSource {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    stream: String,
+    context: context::Context,
+    consumer: PullConsumer,
+    dead_letter: String,
+    ack_wait: Duration,
+}
+
+impl JetStreamSource {
+    /// Connects, and declares idempotently what it needs: the stream
+    /// (created with the URL's subject when absent, else checked to capture
+    /// it), the durable pull consumer (explicit acks, unlimited MaxDeliver,
+    /// `max_ack_pending` at least the concurrency, filtered on the subject),
+    /// and a stream storing the dead-letter subject (see
+    /// [`JetStreamConfig::dead_letter`]). Warns when the consumer's AckWait
+    /// is shorter than the [lease](JetStreamConfig::lease).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future mid-way leaves whatever was declared so far;
+    /// connecting again finds and uses it.
+    pub async fn connect(config: JetStreamConfig) -> Result<Self, ConnectError> {
+        config.validate().map_err(|e| ConnectError::Incompatible {
+            what: "the configuration".into(),
+            reason: e.to_string(),
+        })?;
+        let context = connect::jetstream(&config.server).await?;
+        let declared = connect::declare(&context, &config).await?;
+        if let Some(lease) = config.lease
+            && declared.ack_wait < lease
+        {
+            tracing::warn!(
+                consumer = %config.consumer,
+                ack_wait = ?declared.ack_wait,
+                ?lease,
+                "the consumer's AckWait is shorter than the guard's lease: a message whose consumer died comes back while its claim is still held and is retried as busy, using up attempts; set ack_wait (URL `ack_wait=`) to at least the lease"
+            );
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                stream: config.stream.clone(),
+                context,
+                consumer: declared.consumer,
+                dead_letter: config.dead_letter_subject(),
+                ack_wait: declared.ack_wait,
+            }),
+        })
+    }
+
+    /// A publisher on this source's connection.
+    pub fn publisher(&self) -> JetStreamPublisher {
+        JetStreamPublisher::from_context(self.inner.context.clone())
+    }
+
+    /// The consumer's AckWait, as the server has it.
+    pub fn ack_wait(&self) -> Duration {
+        self.inner.ack_wait
+    }
+
+    /// Where dead letters are published.
+    pub fn dead_letter_subject(&self) -> &str {
+        &self.inner.dead_letter
+    }
+
+    /// The consumer's state as the server reports it (pending and
+    /// unacknowledged counts).
+    ///
+    /// # Cancel safety
+    ///
+    /// A read: dropping it loses nothing.
+    pub async fn consumer_info(&self) -> Result<jetstream::consumer::Info, SourceError> {
+        self.inner
+            .consumer
+            .get_info()
+            .await
+            .map_err(|e| SourceError::new("reading the consumer's info", e))
+    }
+
+    /// Asks the server for what it has now, up to `max`; when it has
+    /// nothing, waits up to [`FETCH_WAIT`] for one message. Every message
+    /// pulled is handed to the runner: none waits in a client buffer with
+    /// its AckWait running.
+    async fn pull(&self, max: usize) -> Result<Vec<Delivery<Receipt>>, SourceError> {
+        let now = self.inner.consumer.fetch().max_messages(max).messages();
+        let ready = take(now.await).await?;
+        if !ready.is_empty() {
+            return Ok(ready);
+        }
+        let first = self
+            .inner
+            .consumer
+            .batch()
+            .max_messages(1)
+            .expires(FETCH_WAIT)
+            .messages();
+        take(first.await).await
+    }
+}
+
+/// Every message of one pull request, until the server ends it.
+async fn take(
+    batch: Result<pull::Batch, pull::BatchError>,
+) -> Result<Vec<Delivery<Receipt>>, SourceError> {
+    let mut batch = batch.map_err(|e| SourceError::new("pulling messages", e))?;
+    let mut out = Vec::new();
+    while let Some(m) = batch.next().await {
+        match m {
+            Ok(m) => out.push(delivery(m)?),
+            // What came before the error is returned; the rest of the
+            // request comes back after AckWait.
+            Err(e) if !out.is_empty() => {
+                tracing::debug!(error = %e, "pulling messages");
+                break;
+            }
+            Err(e) => return Err(SourceError::new("pulling messages", e)),
+        }
+    }
+    Ok(out)
+}
+
+/// What settles one JetStream delivery.
+pub struct Receipt {
+    acker: Acker,
+    stream_sequence: u64,
+    headers: Option<HeaderMap>,
+}
+
+impl fmt::Debug for Receipt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Receipt")
+            .field("stream_sequence", &self.stream_sequence)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Receipt {
+    /// The message's sequence number in the stream.
+    pub fn stream_sequence(&self) -> u64 {
+        self.stream_sequence
+    }
+}
+
+fn delivery(m: jetstream::Message) -> Result<Delivery<Receipt>, SourceError> {
+    let info = m
+        .info()
+        .map_err(|e| SourceError::new("reading a message's delivery info", e))?;
+    let attempt = u32::try_from(info.delivered.max(1)).unwrap_or(u32::MAX);
+    let stream_sequence = info.stream_sequence;
+    let (m, acker) = m.split();
+    let mut headers: Vec<(String, Bytes)> = m
+        .headers
+        .iter()
+        .flat_map(|h| h.iter())
+        .flat_map(|(name, values)| {
+            values.iter().map(move |v| {
+                (
+                    name.to_string(),
+                    Bytes::copy_from_slice(v.as_str().as_bytes()),
+                )
+            })
+        })
+        .collect();
+    // The header map does not keep order; a stable one reads better.
+    headers.sort_by(|a, b| a.0.cmp(&b.0));
+    let get = |name: &str| {
+        m.headers
+            .as_ref()
+            .and_then(|h| h.get_last(name))
+            .map(|v| v.as_str().to_owned())
+    };
+    let message = Message {
+        id: get("Nats-Msg-Id"),
+        content_type: get("Content-Type"),
+        headers,
+        body: m.payload,
+        attempt,
+        // A stream gives one order, not one per lane; the runner sets the
+        // key.
+        ..Message::default()
+    };
+    Ok(Delivery {
+        message,
+        receipt: Receipt {
+            acker,
+            stream_sequence,
+            headers: m.headers,
+        },
+    })
+}
+
+async fn settle(receipt: &Receipt, kind: AckKind, what: &str) -> Result<(), SourceError> {
+    receipt.acker.double_ack_with(kind).await.map_err(|e| {
+        SourceError::new(
+            format!("{what} stream message {}", receipt.stream_sequence),
+            e,
+        )
+    })
+}
+
+impl Source for JetStreamSource {
+    type Receipt = Receipt;
+
+    fn name(&self) -> &str {
+        &self.inner.stream
+    }
+
+    /// Dropping the future mid-pull leaves the messages of that request
+    /// unacknowledged: the server redelivers them after AckWait.
+    async fn fetch(&self, max: usize) -> Result<Vec<Delivery<Receipt>>, SourceError> {
+        self.pull(max).await
+    }
+
+    async fn ack(&self, delivery: Delivery<Receipt>) -> Result<(), SourceError> {
+        settle(&delivery.receipt, AckKind::Ack, "acking").await
+    }
+
+    async fn retry(
+        &self,
+        delivery: Delivery<Receipt>,
+        delay: Duration,
+        _reason: RetryReason,
+    ) -> Result<(), SourceError> {
+        let delay = (!delay.is_zero()).then_some(delay);
+        settle(&delivery.receipt, AckKind::Nak(delay), "retrying").await
+    }
+
+    async fn dead_letter(
+        &self,
+        delivery: Delivery<Receipt>,
+        why: DeadLetter,
+    ) -> Result<(), SourceError> {
+        let receipt = &delivery.receipt;
+        let mut headers = receipt.headers.clone().unwrap_or_default();
+        for (name, value) in why.headers() {
+            headers.insert(name, value.as_str());
+        }
+        // The dead letter's id names this stream message, so a dead letter
+        // published again (its ack was lost) is dropped by the dead-letter
+        // stream's duplicate window, while another message that reused the
+        // producer's id (a replay of a dead letter, say) is not. The
+        // producer's id moves to `idem-message-id`.
+        if let Some(id) = headers.get_last("Nats-Msg-Id").cloned() {
+            headers.insert("idem-message-id", id);
+        }
+        headers.insert(
+            "Nats-Msg-Id",
+            format!("{}:{}", self.inner.stream, receipt.stream_sequence).as_str(),
+        );
+        publish_acked(
+            &self.inner.context,
+            self.inner.dead_letter.clone(),
+            headers,
+            delivery.message.body.clone(),
+        )
+        .await
+        .map_err(|e| {
+            SourceError::new(
+                format!(
+                    "dead-lettering stream message {} to `{}`",
+                    receipt.stream_sequence, self.inner.dead_letter
+                ),
+                e,
+            )
+        })?;
+        settle(receipt, AckKind::Term, "terminating").await
+    }
+
+    async fn requeue(&self, delivery: Delivery<Receipt>) -> Result<(), SourceError> {
+        settle(&delivery.receipt, AckKind::Nak(None), "handing back").await
+    }
+
+    fn keep_alive_every(&self) -> Option<Duration> {
+        Some(self.inner.ack_wait / 3)
+    }
+
+    async fn keep_alive(&self, delivery: &Delivery<Receipt>) -> Result<(), SourceError> {
+        delivery
+            .receipt
+            .acker
+            .ack_with(AckKind::Progress)
+            .await
+            .map_err(|e| {
+                SourceError::new(
+                    format!(
+                        "marking stream message {} in progress",
+                        delivery.receipt.stream_sequence
+                    ),
+                    e,
+                )
+            })
+    }
+}
