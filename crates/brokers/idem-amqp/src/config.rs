@@ -205,8 +205,10 @@ mod tests {
 
     #[test]
     fn a_url_with_a_queue_parses_with_its_address_vhost_and_defaults() {
-        let c = AmqpConfig::from_url("amqp://guest:secret@127.0.0.1:5673/%2f?queue=orders&heartbeat=10")
-            .unwrap();
+        let c = AmqpConfig::from_url(
+            "amqp://guest:secret@127.0.0.1:5673/%2f?queue=orders&heartbeat=10",
+        )
+        .unwrap();
         assert_eq!(c.address(), "127.0.0.1:5673");
         assert_eq!(c.vhost(), "/");
         assert_eq!(c.user(), "guest");
@@ -221,13 +223,20 @@ mod tests {
 
     #[test]
     fn missing_or_unknown_parameters_are_named_with_the_url_form() {
-        let e = AmqpConfig::from_url("amqp://127.0.0.1/%2f").unwrap_err().to_string();
-        assert!(e.contains("`queue` is missing") && e.contains("?queue=NAME"), "{e}");
+        let e = AmqpConfig::from_url("amqp://127.0.0.1/%2f")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`queue` is missing") && e.contains("?queue=NAME"),
+            "{e}"
+        );
         let e = AmqpConfig::from_url("amqp://127.0.0.1/%2f?queue=a&prefetch=3")
             .unwrap_err()
             .to_string();
         assert!(e.contains("unknown query parameter `prefetch`"), "{e}");
-        let e = AmqpConfig::from_url("nats://127.0.0.1?queue=a").unwrap_err().to_string();
+        let e = AmqpConfig::from_url("nats://127.0.0.1?queue=a")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("scheme is `nats`"), "{e}");
         let e = AmqpConfig::from_url("amqp://127.0.0.1/%2f?queue=amq.x")
             .unwrap_err()

@@ -70,7 +70,13 @@ mod tests {
         assert_eq!(route(101).ttl_ms, 250);
         assert_eq!(route(1_100).suffix, "2s");
         assert_eq!(route(3_600_000).suffix, "1h");
-        assert_eq!(route(3_600_001), RetryRoute { suffix: "long", ttl_ms: 3_600_001 });
+        assert_eq!(
+            route(3_600_001),
+            RetryRoute {
+                suffix: "long",
+                ttl_ms: 3_600_001
+            }
+        );
         assert_eq!(route(750).queue("orders"), "orders.retry.1s");
         for pair in BUCKETS.windows(2) {
             assert!(pair[1].0 as f64 <= pair[0].0 as f64 * 2.5, "{pair:?}");

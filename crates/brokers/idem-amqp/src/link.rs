@@ -3,9 +3,7 @@
 
 use std::collections::HashSet;
 
-use lapin::options::{
-    BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
-};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use parking_lot::Mutex;
@@ -40,7 +38,9 @@ impl Link {
         publish
             .confirm_select(ConfirmSelectOptions::default())
             .await
-            .map_err(|e| ConnectError::from_lapin(config, "enabling publisher confirms", None, &e))?;
+            .map_err(|e| {
+                ConnectError::from_lapin(config, "enabling publisher confirms", None, &e)
+            })?;
         Ok(Self {
             connection,
             publish,

@@ -361,7 +361,14 @@ impl Source for AmqpSource {
             &[(ATTEMPTS, made.to_string())],
             Some(route.ttl_ms.to_string()),
         );
-        move_to(r, "retrying a message", &queue, &delivery.message.body, props).await
+        move_to(
+            r,
+            "retrying a message",
+            &queue,
+            &delivery.message.body,
+            props,
+        )
+        .await
     }
 
     /// Publishes a copy with the dead-letter headers to the dead-letter

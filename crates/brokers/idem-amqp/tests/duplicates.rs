@@ -1,0 +1,91 @@
+//! However often RabbitMQ carries a message, its effect happens once, and
+//! every copy ends acked.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_amqp::{AmqpPublisher, AmqpSource};
+use idem_consumer::{HandlerError, Message, Runner};
+use idem_core::{Bytes, ClaimHandle, Guard, MemoryStore};
+use parking_lot::Mutex;
+use support::{Inspect, Running, broker, config, eventually, message, unique};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_id_takes_effect_once_and_every_copy_is_acked() {
+    let Some(url) = broker().await else { return };
+    let queue = unique("dups");
+    let config = config(&url, &queue).concurrency(32);
+    let publisher = AmqpPublisher::connect(&config).await.unwrap();
+    const N: usize = 500;
+    let mut published = 0;
+    for i in 0..N {
+        let m = message(&format!("order-{i}"));
+        publisher.publish(&m).await.unwrap();
+        published += 1;
+        // Every tenth twice in a row: the copy arrives while the first is
+        // being handled.
+        if i % 10 == 0 {
+            publisher.publish(&m).await.unwrap();
+            published += 1;
+        }
+    }
+    // And a few again at the end, after the first copies completed.
+    for i in (5..N).step_by(50) {
+        publisher
+            .publish(&message(&format!("order-{i}")))
+            .await
+            .unwrap();
+        published += 1;
+    }
+    publisher.close().await;
+
+    let effects: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    let handler = {
+        let effects = effects.clone();
+        move |m: Message, _c: ClaimHandle| {
+            let effects = effects.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(3)).await;
+                *effects.lock().entry(m.id.unwrap()).or_default() += 1;
+                Ok::<_, HandlerError>(Bytes::new())
+            }
+        }
+    };
+    let source = AmqpSource::connect(config).await.unwrap();
+    let runner =
+        Runner::new(Guard::new(MemoryStore::new()), source.clone(), handler).concurrency(32);
+    let running = Running::start(runner);
+    let inspect = Inspect::new(&url).await;
+    let drained = eventually(Duration::from_secs(40), || async {
+        effects.lock().len() == N && inspect.ready(&queue).await == 0
+    })
+    .await;
+    // Let the last prefetched copies be fetched and settled.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let report = running.stop().await;
+    source.close().await;
+
+    assert!(drained, "all ids handled and the queue drained: {report:?}");
+    let effects = effects.lock().clone();
+    assert_eq!(effects.len(), N);
+    let repeated: Vec<_> = effects.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(
+        repeated.is_empty(),
+        "effects applied more than once: {repeated:?}"
+    );
+    assert_eq!(report.handled, N as u64, "{report:?}");
+    assert_eq!(
+        report.handled + report.duplicates,
+        published as u64,
+        "every copy acked: {report:?}"
+    );
+    assert_eq!(report.source_errors, 0, "{report:?}");
+    // After the close, anything left unacked would be back in the queue.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(inspect.ready(&queue).await, 0, "nothing left unacked");
+    inspect.delete(&queue).await;
+    inspect.close().await;
+}
