@@ -3,15 +3,14 @@
 
 mod support;
 
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use idem_amqp::{AmqpPublisher, AmqpSource};
-use idem_consumer::{HandlerError, Message, Runner};
-use idem_core::{Bytes, ClaimHandle, Guard, MemoryStore};
-use parking_lot::Mutex;
-use support::{Inspect, Running, broker, config, eventually, message, unique};
+use idem_consumer::Runner;
+use idem_core::{Guard, MemoryStore};
+use support::{
+    Effects, Inspect, Running, applying, broker, config, eventually, message, repeated, unique,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_id_takes_effect_once_and_every_copy_is_acked() {
@@ -42,18 +41,8 @@ async fn each_id_takes_effect_once_and_every_copy_is_acked() {
     }
     publisher.close().await;
 
-    let effects: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
-    let handler = {
-        let effects = effects.clone();
-        move |m: Message, _c: ClaimHandle| {
-            let effects = effects.clone();
-            async move {
-                tokio::time::sleep(Duration::from_millis(3)).await;
-                *effects.lock().entry(m.id.unwrap()).or_default() += 1;
-                Ok::<_, HandlerError>(Bytes::new())
-            }
-        }
-    };
+    let effects = Effects::default();
+    let handler = applying(&effects, Duration::from_millis(3));
     let source = AmqpSource::connect(config).await.unwrap();
     let runner =
         Runner::new(Guard::new(MemoryStore::new()), source.clone(), handler).concurrency(32);
@@ -69,13 +58,8 @@ async fn each_id_takes_effect_once_and_every_copy_is_acked() {
     source.close().await;
 
     assert!(drained, "all ids handled and the queue drained: {report:?}");
-    let effects = effects.lock().clone();
-    assert_eq!(effects.len(), N);
-    let repeated: Vec<_> = effects.iter().filter(|(_, n)| **n != 1).collect();
-    assert!(
-        repeated.is_empty(),
-        "effects applied more than once: {repeated:?}"
-    );
+    assert_eq!(effects.lock().len(), N);
+    assert_eq!(repeated(&effects), [], "effects applied more than once");
     assert_eq!(report.handled, N as u64, "{report:?}");
     assert_eq!(
         report.handled + report.duplicates,

@@ -3,16 +3,19 @@
 //! until a condition holds.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use idem_amqp::AmqpConfig;
-use idem_consumer::{Handler, Message, Report, Runner};
-use idem_core::Store;
+use idem_amqp::{AmqpConfig, AmqpPublisher};
+use idem_consumer::{Handler, HandlerError, Message, Report, Runner};
+use idem_core::{Bytes, ClaimHandle, Store};
 use idem_testkit::services;
 use lapin::message::BasicGetMessage;
 use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
+use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
 pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -150,5 +153,119 @@ where
             return false;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A vhost of the test's own on the test broker, so that closing all its
+/// connections (as a broker restart would) touches no other test. Needs
+/// `rabbitmqctl` on the broker's machine; `None` (test skipped) without it.
+pub struct Vhost {
+    pub name: String,
+    pub url: String,
+}
+
+impl Vhost {
+    pub async fn create(url: &str) -> Option<Self> {
+        if !services::program("rabbitmqctl") {
+            return None;
+        }
+        let name = unique("vhost");
+        rabbitmqctl(&["add_vhost", &name]).await;
+        rabbitmqctl(&["set_permissions", "-p", &name, "guest", ".*", ".*", ".*"]).await;
+        let mut parsed = url::Url::parse(url).unwrap();
+        parsed.set_path(&name);
+        Some(Self {
+            name,
+            url: parsed.into(),
+        })
+    }
+
+    /// Closes every client connection to the vhost from the server side.
+    pub async fn close_all_connections(&self) {
+        rabbitmqctl(&["close_all_connections", "-p", &self.name, "test"]).await;
+    }
+
+    /// Deletes the vhost and its queues.
+    pub async fn delete(self) {
+        rabbitmqctl(&["delete_vhost", &self.name]).await;
+    }
+}
+
+async fn rabbitmqctl(args: &[&str]) {
+    let out = tokio::process::Command::new("rabbitmqctl")
+        .args(args)
+        .output()
+        .await
+        .expect("rabbitmqctl runs");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Publishes `messages` to the configured queue, each confirmed.
+pub async fn publish(config: &AmqpConfig, messages: impl IntoIterator<Item = Message>) {
+    let publisher = AmqpPublisher::connect(config).await.unwrap();
+    for m in messages {
+        publisher.publish(&m).await.unwrap();
+    }
+    publisher.close().await;
+}
+
+/// How many times each message id's effect happened.
+pub type Effects = Arc<Mutex<HashMap<String, u32>>>;
+
+/// A handler that works for `work`, then applies its message's effect.
+pub fn applying(
+    effects: &Effects,
+    work: Duration,
+) -> impl Fn(
+    Message,
+    ClaimHandle,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Bytes, HandlerError>> + Send>>
++ Send
++ Sync
++ 'static {
+    let effects = effects.clone();
+    move |m: Message, _c: ClaimHandle| {
+        let effects = effects.clone();
+        Box::pin(async move {
+            tokio::time::sleep(work).await;
+            *effects.lock().entry(m.id.unwrap()).or_default() += 1;
+            Ok(Bytes::new())
+        })
+    }
+}
+
+/// The ids whose effect happened other than once.
+pub fn repeated(effects: &Effects) -> Vec<(String, u32)> {
+    let effects = effects.lock();
+    effects
+        .iter()
+        .filter(|(_, n)| **n != 1)
+        .map(|(id, n)| (id.clone(), *n))
+        .collect()
+}
+
+/// Each handler call's message id, attempt number and time.
+pub type Calls = Arc<Mutex<Vec<(String, u32, tokio::time::Instant)>>>;
+
+/// A handler that records each call in `calls`, then answers `decide(id,
+/// attempt)`.
+pub fn recording(
+    calls: &Calls,
+    decide: fn(&str, u32) -> Result<Bytes, HandlerError>,
+) -> impl Fn(Message, ClaimHandle) -> std::future::Ready<Result<Bytes, HandlerError>>
++ Send
++ Sync
++ 'static {
+    let calls = calls.clone();
+    move |m: Message, _c: ClaimHandle| {
+        let id = m.id.clone().unwrap_or_default();
+        calls
+            .lock()
+            .push((id.clone(), m.attempt, tokio::time::Instant::now()));
+        std::future::ready(decide(&id, m.attempt))
     }
 }
