@@ -1,5 +1,5 @@
 //! idem's consumer runner: however often a broker delivers a message, its
-//! handler's effect happens once (docs/contract.md §3).
+//! handler's effect happens once (docs/contract.md §7).
 //!
 //! A [`Source`] is a broker seen through five verbs: fetch a batch, ack,
 //! retry later with a delay, dead-letter, and hand back at shutdown. The

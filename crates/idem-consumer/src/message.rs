@@ -22,6 +22,9 @@ pub struct Message {
     /// gives order within one: messages of a lane are handled one after
     /// another when the runner is [`ordered`](crate::Runner::ordered).
     pub lane: Option<Bytes>,
+    /// The idempotency key: set by the runner before it calls the handler
+    /// (sources leave it empty).
+    pub key: Option<Bytes>,
 }
 
 impl Message {

@@ -96,6 +96,11 @@ async fn duplicates_are_acked_without_running_the_handler_again() {
         move |m: Message, _claim: ClaimHandle| {
             let sink = sink.clone();
             async move {
+                assert_eq!(
+                    m.key.as_deref(),
+                    m.id.as_deref().map(str::as_bytes),
+                    "the handler gets the key"
+                );
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 sink.apply(&m);
                 Ok::<_, HandlerError>(Bytes::from_static(b"true"))

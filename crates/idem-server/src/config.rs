@@ -13,6 +13,33 @@ use serde::Deserialize;
 /// Settings `serve` and `proxy` share.
 #[derive(Args, Debug, Default)]
 pub struct CommonArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// PEM certificate chain: serve HTTPS (with --tls-key).
+    #[arg(long, env = "IDEM_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "IDEM_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// Largest request body in bytes [default: 16777216].
+    #[arg(long, env = "IDEM_MAX_BODY_BYTES", value_name = "BYTES")]
+    pub max_body_bytes: Option<usize>,
+    /// Require a bearer token: NAMESPACES=TOKEN, where NAMESPACES is a
+    /// comma-separated list or `*` for all. Repeat the flag for more tokens;
+    /// in IDEM_AUTH_TOKENS separate them with `;`.
+    #[arg(
+        long = "auth-token",
+        env = "IDEM_AUTH_TOKENS",
+        value_delimiter = ';',
+        value_name = "NAMESPACES=TOKEN"
+    )]
+    pub auth_tokens: Vec<String>,
+}
+
+/// Settings of the store and the records: what `serve`, `proxy` and
+/// `consume` share.
+#[derive(Args, Debug, Default)]
+pub struct StoreArgs {
     /// A TOML file of settings (same names as the flags, with `_` for `-`).
     #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -35,15 +62,6 @@ pub struct CommonArgs {
     /// PEM private key for --redis-client-cert.
     #[arg(long, env = "IDEM_REDIS_CLIENT_KEY", value_name = "FILE")]
     pub redis_client_key: Option<PathBuf>,
-    /// PEM certificate chain: serve HTTPS (with --tls-key).
-    #[arg(long, env = "IDEM_TLS_CERT", value_name = "FILE")]
-    pub tls_cert: Option<PathBuf>,
-    /// PEM private key for --tls-cert.
-    #[arg(long, env = "IDEM_TLS_KEY", value_name = "FILE")]
-    pub tls_key: Option<PathBuf>,
-    /// Largest request body in bytes [default: 16777216].
-    #[arg(long, env = "IDEM_MAX_BODY_BYTES", value_name = "BYTES")]
-    pub max_body_bytes: Option<usize>,
     /// Longest key in bytes [default: 255].
     #[arg(long, env = "IDEM_MAX_KEY_BYTES", value_name = "BYTES")]
     pub max_key_bytes: Option<usize>,
@@ -63,16 +81,6 @@ pub struct CommonArgs {
     /// [default: 86400000, 24 h].
     #[arg(long, env = "IDEM_DEFAULT_RETENTION_MS", value_name = "MS")]
     pub default_retention_ms: Option<u64>,
-    /// Require a bearer token: NAMESPACES=TOKEN, where NAMESPACES is a
-    /// comma-separated list or `*` for all. Repeat the flag for more tokens;
-    /// in IDEM_AUTH_TOKENS separate them with `;`.
-    #[arg(
-        long = "auth-token",
-        env = "IDEM_AUTH_TOKENS",
-        value_delimiter = ';',
-        value_name = "NAMESPACES=TOKEN"
-    )]
-    pub auth_tokens: Vec<String>,
     /// Log filter, e.g. `info` or `idem=debug` [default: info,fjall=warn,lsm_tree=warn].
     #[arg(long, env = "IDEM_LOG", value_name = "FILTER")]
     pub log: Option<String>,
@@ -128,6 +136,30 @@ pub struct FileSettings {
     pub release_status: Option<String>,
     /// `proxy` only.
     pub max_response_bytes: Option<usize>,
+    /// `consume` only.
+    pub from: Option<String>,
+    /// `consume` only.
+    pub to: Option<String>,
+    /// `consume` only.
+    pub namespace: Option<String>,
+    /// `consume` only.
+    pub key: Option<String>,
+    /// `consume` only.
+    pub concurrency: Option<usize>,
+    /// `consume` only.
+    pub max_attempts: Option<u32>,
+    /// `consume` only.
+    pub dead_letter: Option<String>,
+    /// `consume` only.
+    pub metrics_listen: Option<String>,
+    /// `consume` only.
+    pub timeout_ms: Option<u64>,
+    /// `consume` only.
+    pub shutdown_grace_ms: Option<u64>,
+    /// `consume` only.
+    pub retry_initial_ms: Option<u64>,
+    /// `consume` only.
+    pub retry_max_ms: Option<u64>,
 }
 
 /// `[[auth]]` in the file.
@@ -172,37 +204,38 @@ pub struct RedisTls {
     pub client: Option<(PathBuf, PathBuf)>,
 }
 
-/// What both commands need, resolved.
+/// Store settings, resolved: what `serve`, `proxy` and `consume` share.
 #[derive(Debug)]
-pub struct Common {
-    pub listen: SocketAddr,
+pub struct StoreSettings {
     pub store: String,
     pub durability: DurabilityArg,
     pub redis_tls: RedisTls,
-    pub tls: Option<(PathBuf, PathBuf)>,
     pub limits: Limits,
-    pub max_body_bytes: usize,
     pub default_lease: Duration,
     pub default_retention: Duration,
-    pub auth: Auth,
     pub log: String,
 }
 
-pub fn resolve_common(
-    args: CommonArgs,
-    listen_flag: Option<String>,
-    default_listen: &str,
-    file: &FileSettings,
-) -> Result<Common, ConfigError> {
-    let listen_text = listen_flag
-        .or_else(|| file.listen.clone())
-        .unwrap_or_else(|| default_listen.to_owned());
-    let listen = listen_text.parse().map_err(|_| {
-        bad(
-            "listen",
-            format!("{listen_text:?} is not an address; give host:port, e.g. {default_listen}"),
-        )
-    })?;
+/// What `serve` and `proxy` need, resolved.
+#[derive(Debug)]
+pub struct Common {
+    pub listen: SocketAddr,
+    pub tls: Option<(PathBuf, PathBuf)>,
+    pub max_body_bytes: usize,
+    pub auth: Auth,
+    pub settings: StoreSettings,
+}
+
+impl std::ops::Deref for Common {
+    type Target = StoreSettings;
+    fn deref(&self) -> &StoreSettings {
+        &self.settings
+    }
+}
+
+/// Resolves the store settings: flags and environment, then the file, then
+/// the defaults.
+pub fn resolve_store(args: StoreArgs, file: &FileSettings) -> Result<StoreSettings, ConfigError> {
     let defaults = Limits::default();
     let limits = Limits {
         max_key_bytes: args
@@ -254,22 +287,6 @@ pub fn resolve_common(
             format!("must be from 1 to {} ms", limits.max_retention.as_millis()),
         ));
     }
-    let max_body_bytes = args
-        .max_body_bytes
-        .or(file.max_body_bytes)
-        .unwrap_or(16 * 1024 * 1024);
-    if max_body_bytes == 0 {
-        return Err(bad("max_body_bytes", "must be at least 1"));
-    }
-    let tls = match (
-        args.tls_cert.or(file.tls_cert.clone()),
-        args.tls_key.or(file.tls_key.clone()),
-    ) {
-        (Some(c), Some(k)) => Some((c, k)),
-        (None, None) => None,
-        (Some(_), None) => return Err(bad("tls_key", "tls_cert is set, so tls_key must be too")),
-        (None, Some(_)) => return Err(bad("tls_cert", "tls_key is set, so tls_cert must be too")),
-    };
     let redis_tls = RedisTls {
         ca: args.redis_ca_cert.or(file.redis_ca_cert.clone()),
         client: match (
@@ -292,6 +309,57 @@ pub fn resolve_common(
             }
         },
     };
+    Ok(StoreSettings {
+        store: args
+            .store
+            .or(file.store.clone())
+            .unwrap_or_else(|| "file://./idem-data".to_owned()),
+        durability: args
+            .durability
+            .or(file.durability)
+            .unwrap_or(DurabilityArg::Group),
+        redis_tls,
+        limits,
+        default_lease,
+        default_retention,
+        log: args
+            .log
+            .or(file.log.clone())
+            .unwrap_or_else(|| "info,fjall=warn,lsm_tree=warn".to_owned()),
+    })
+}
+
+pub fn resolve_common(
+    args: CommonArgs,
+    listen_flag: Option<String>,
+    default_listen: &str,
+    file: &FileSettings,
+) -> Result<Common, ConfigError> {
+    let listen_text = listen_flag
+        .or_else(|| file.listen.clone())
+        .unwrap_or_else(|| default_listen.to_owned());
+    let listen = listen_text.parse().map_err(|_| {
+        bad(
+            "listen",
+            format!("{listen_text:?} is not an address; give host:port, e.g. {default_listen}"),
+        )
+    })?;
+    let max_body_bytes = args
+        .max_body_bytes
+        .or(file.max_body_bytes)
+        .unwrap_or(16 * 1024 * 1024);
+    if max_body_bytes == 0 {
+        return Err(bad("max_body_bytes", "must be at least 1"));
+    }
+    let tls = match (
+        args.tls_cert.or(file.tls_cert.clone()),
+        args.tls_key.or(file.tls_key.clone()),
+    ) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        (Some(_), None) => return Err(bad("tls_key", "tls_cert is set, so tls_key must be too")),
+        (None, Some(_)) => return Err(bad("tls_cert", "tls_key is set, so tls_cert must be too")),
+    };
     let mut grants = Vec::new();
     for spec in args.auth_tokens.iter().filter(|s| !s.trim().is_empty()) {
         let Some((namespaces, token)) = spec.split_once('=') else {
@@ -313,25 +381,10 @@ pub fn resolve_common(
     }
     Ok(Common {
         listen,
-        store: args
-            .store
-            .or(file.store.clone())
-            .unwrap_or_else(|| "file://./idem-data".to_owned()),
-        durability: args
-            .durability
-            .or(file.durability)
-            .unwrap_or(DurabilityArg::Group),
-        redis_tls,
         tls,
-        limits,
         max_body_bytes,
-        default_lease,
-        default_retention,
         auth: Auth::new(grants),
-        log: args
-            .log
-            .or(file.log.clone())
-            .unwrap_or_else(|| "info,fjall=warn,lsm_tree=warn".to_owned()),
+        settings: resolve_store(args.store, file)?,
     })
 }
 

@@ -4,8 +4,11 @@
 //!   record lookup, health, metrics, OpenAPI) over a store chosen by URL.
 //! - `idem proxy --upstream URL`: the Idempotency-Key gateway in front of any
 //!   HTTP service.
+//! - `idem consume --from SOURCE_URL --to URL`: the sidecar that feeds any
+//!   HTTP handler from a broker, effectively once.
 
 mod config;
+mod consume;
 mod proxy;
 mod serve;
 mod store_url;
@@ -32,6 +35,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Put the Idempotency-Key gateway in front of an HTTP service.
     Proxy(proxy::ProxyArgs),
+    /// Feed messages from a broker to an HTTP handler, effectively once.
+    Consume(consume::ConsumeArgs),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +55,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve(args) => serve::run(args).await,
             Command::Proxy(args) => proxy::run(args).await,
+            Command::Consume(args) => consume::run(args).await,
         }
     });
     match result {
@@ -145,7 +151,7 @@ pub async fn serve_until_signal(
     served.map_err(|e| Failure::Run(format!("cannot serve on {}: {e}", common.listen)))
 }
 
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     let interrupt = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

@@ -78,7 +78,7 @@ pub struct ProxyArgs {
 }
 
 pub async fn run(args: ProxyArgs) -> Result<(), Failure> {
-    let file = read_file(args.common.config.as_deref())?;
+    let file = read_file(args.common.store.config.as_deref())?;
     let upstream_text = args.upstream.or(file.upstream.clone()).ok_or_else(|| {
         bad(
             "upstream",

@@ -32,7 +32,7 @@ pub struct ServeArgs {
 /// operations under way still finish on their own tasks while the runtime
 /// lives, but the store is not flushed and closed.
 pub async fn run(args: ServeArgs) -> Result<(), Failure> {
-    let file = read_file(args.common.config.as_deref())?;
+    let file = read_file(args.common.store.config.as_deref())?;
     let common = resolve_common(args.common, args.listen, "127.0.0.1:7700", &file)?;
     init_logging(&common.log)?;
     let store = store_url::open(&common).await?;

@@ -6,7 +6,7 @@ use idem_core::{MemoryStore, SharedStore};
 use idem_file::{Durability, FileStore};
 
 use crate::Failure;
-use crate::config::{Common, DurabilityArg, bad};
+use crate::config::{DurabilityArg, StoreSettings, bad};
 
 /// An open store, and what must happen to it at shutdown.
 pub struct OpenStore {
@@ -29,7 +29,7 @@ impl OpenStore {
 /// Opens the store `common` names. A URL idem cannot read is a bad
 /// setting; a store that will not open (a directory in use, Redis
 /// unreachable) is a failure to start, with what to check.
-pub async fn open(common: &Common) -> Result<OpenStore, Failure> {
+pub async fn open(common: &StoreSettings) -> Result<OpenStore, Failure> {
     let url = common.store.as_str();
     let tls = &common.redis_tls;
     if (tls.ca.is_some() || tls.client.is_some()) && !url.starts_with("rediss") {
@@ -87,7 +87,7 @@ pub async fn open(common: &Common) -> Result<OpenStore, Failure> {
 /// A Redis store, for `redis://`, `rediss://`, `redis+cluster://` and
 /// `rediss+cluster://` URLs; `None` for other schemes.
 #[cfg(feature = "redis")]
-async fn open_redis(url: &str, common: &Common) -> Result<Option<OpenStore>, Failure> {
+async fn open_redis(url: &str, common: &StoreSettings) -> Result<Option<OpenStore>, Failure> {
     use idem_redis::{RedisStore, redacted};
 
     let (builder, description) = if let Some((scheme, nodes)) = url

@@ -87,7 +87,8 @@ where
         let token = claim.token;
         let started = Instant::now();
         let work = self.guard.run_acquired(&Raw, key, claim, sent, |handle| {
-            self.handler.handle(delivery.message.clone(), handle)
+            self.handler
+                .handle(with_key(&delivery.message, key), handle)
         });
         let outcome = tokio::select! {
             r = work => Some(r),
@@ -117,7 +118,10 @@ where
                 &Raw,
                 key,
                 None,
-                |handle| self.handler.handle(delivery.message.clone(), handle),
+                |handle| {
+                    self.handler
+                        .handle(with_key(&delivery.message, key), handle)
+                },
                 |_| async {},
             )
             .await;
@@ -249,4 +253,11 @@ where
             tracing::warn!(error = %e, outcome, "settling a message failed; the broker will redeliver it");
         }
     }
+}
+
+/// The message as the handler gets it: with its key.
+fn with_key(message: &crate::Message, key: &Key) -> crate::Message {
+    let mut message = message.clone();
+    message.key = Some(key.bytes().clone());
+    message
 }

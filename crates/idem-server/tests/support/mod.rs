@@ -1,6 +1,8 @@
 //! Runs the real `idem` binary and talks HTTP to it.
 #![allow(dead_code)]
 
+pub mod consume;
+
 use std::process::Stdio;
 use std::time::Duration;
 

@@ -1,0 +1,336 @@
+//! `idem consume`: the sidecar that feeds any HTTP handler effectively once.
+
+mod http;
+mod sources;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use ::http::Uri;
+use clap::Args;
+use idem_consumer::{Backoff, KeyFrom, Report, Runner, Source};
+use idem_core::{Guard, Lease, Namespace, SharedStore};
+use metrics_exporter_prometheus::PrometheusBuilder;
+use tokio_util::sync::CancellationToken;
+
+use self::http::HttpHandler;
+use crate::config::{FileSettings, StoreArgs, StoreSettings, bad, read_file, resolve_store};
+use crate::{Failure, init_logging, shutdown_signal, store_url};
+
+/// `idem consume`.
+#[derive(Args, Debug)]
+#[command(after_long_help = AFTER_HELP)]
+pub struct ConsumeArgs {
+    /// Where messages come from (required):
+    /// amqp://USER:PASS@HOST:PORT/VHOST?queue=NAME,
+    /// nats://HOST:PORT?stream=STREAM&consumer=NAME&subject=SUBJECT, or
+    /// redis://HOST:PORT?stream=NAME&group=GROUP.
+    #[arg(long, env = "IDEM_FROM", value_name = "SOURCE_URL")]
+    pub from: Option<String>,
+    /// The HTTP endpoint that handles each message, e.g.
+    /// http://127.0.0.1:8080/handle (required).
+    #[arg(long, env = "IDEM_TO", value_name = "URL")]
+    pub to: Option<String>,
+    /// Namespace of the keys [default: the queue or stream name].
+    #[arg(long, env = "IDEM_NAMESPACE", value_name = "NS")]
+    pub namespace: Option<String>,
+    /// Where each message's idempotency key comes from: `message-id` (AMQP
+    /// message_id, NATS Nats-Msg-Id, the `message-id` field of a Redis
+    /// Streams entry), `header:NAME`, or `json:/pointer` into the JSON body
+    /// [default: message-id].
+    #[arg(long, env = "IDEM_KEY", value_name = "SPEC")]
+    pub key: Option<String>,
+    /// Most messages handled at once (and the broker's prefetch) [default: 16].
+    #[arg(long, env = "IDEM_CONCURRENCY", value_name = "N")]
+    pub concurrency: Option<usize>,
+    /// Handler attempts before a message is dead-lettered, counted across
+    /// redeliveries and restarts [default: 16].
+    #[arg(long, env = "IDEM_MAX_ATTEMPTS", value_name = "N")]
+    pub max_attempts: Option<u32>,
+    /// The dead-letter queue, subject or stream, in the same broker
+    /// [default: the source name plus `.dead-letter`].
+    #[arg(long, env = "IDEM_DEAD_LETTER", value_name = "NAME")]
+    pub dead_letter: Option<String>,
+    /// Serve Prometheus metrics (GET /metrics) and GET /health on this
+    /// address, e.g. 127.0.0.1:9464 [default: off].
+    #[arg(long, env = "IDEM_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
+    /// How long the handler may take to answer, in ms; no answer counts as
+    /// a transient failure [default: 30000].
+    #[arg(long, env = "IDEM_TIMEOUT_MS", value_name = "MS")]
+    pub timeout_ms: Option<u64>,
+    /// At shutdown, how long handlers in flight may take to finish, in ms
+    /// [default: 30000].
+    #[arg(long, env = "IDEM_SHUTDOWN_GRACE_MS", value_name = "MS")]
+    pub shutdown_grace_ms: Option<u64>,
+    /// Delay before the first retry of a failed message, in ms; doubled per
+    /// attempt, with jitter [default: 1000].
+    #[arg(long, env = "IDEM_RETRY_INITIAL_MS", value_name = "MS")]
+    pub retry_initial_ms: Option<u64>,
+    /// Longest delay between retries, in ms [default: 300000].
+    #[arg(long, env = "IDEM_RETRY_MAX_MS", value_name = "MS")]
+    pub retry_max_ms: Option<u64>,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+const AFTER_HELP: &str = "\
+Each message becomes POST --to with the message body unchanged and its content type, plus the \
+headers Idempotency-Key: KEY, Idem-Fencing-Token: TOKEN and Idem-Attempt: N; broker headers \
+travel as Idem-Header-NAME.
+
+The answer decides: 2xx completes the key (status and body are the stored outcome) and acks the \
+message; 408, 409, 423, 425, 429, 5xx, a timeout or a refused connection release the key and \
+retry the message later with backoff (no sooner than Retry-After); any other status dead-letters \
+it at once. A duplicate of a completed message is acked without calling the handler. A \
+dead-lettered message keeps its body and headers and gets idem-key, idem-attempts and \
+idem-last-error.
+
+SIGTERM or Ctrl-C: stop fetching, let handlers in flight finish (--shutdown-grace-ms), ack what \
+finished, release and hand back the rest, exit 0. After a kill -9 nothing is lost; a message \
+whose handler answered 2xx just before the kill may reach it once more: that is why it gets the \
+key and the fencing token.
+
+The lease each claim takes is --default-lease-ms; it is renewed while the handler works.";
+
+/// `consume` settings, resolved.
+struct Settings {
+    from: String,
+    to: Uri,
+    namespace: Option<Namespace>,
+    key: KeyFrom,
+    concurrency: usize,
+    max_attempts: u32,
+    dead_letter: Option<String>,
+    metrics_listen: Option<SocketAddr>,
+    timeout: Duration,
+    grace: Duration,
+    backoff: Backoff,
+    store: StoreSettings,
+}
+
+fn resolve(args: ConsumeArgs, file: &FileSettings) -> Result<Settings, crate::config::ConfigError> {
+    let from = args
+        .from
+        .or(file.from.clone())
+        .ok_or_else(|| bad("from", "required: where messages come from, e.g. --from 'amqp://guest:guest@127.0.0.1:5672/%2f?queue=orders'"))?;
+    sources::check(&from)?;
+    let to_text = args
+        .to
+        .or(file.to.clone())
+        .ok_or_else(|| bad("to", "required: the HTTP endpoint that handles each message, e.g. --to http://127.0.0.1:8080/handle"))?;
+    let to: Uri = to_text
+        .parse()
+        .ok()
+        .filter(|u: &Uri| u.scheme_str() == Some("http") && u.host().is_some())
+        .ok_or_else(|| {
+            bad(
+                "to",
+                format!("{to_text:?} is not an http:// URL with a host, e.g. http://127.0.0.1:8080/handle"),
+            )
+        })?;
+    let namespace = args
+        .namespace
+        .or(file.namespace.clone())
+        .map(|n| Namespace::new(&n).map_err(|e| bad("namespace", e.to_string())))
+        .transpose()?;
+    let key = match args.key.or(file.key.clone()) {
+        Some(spec) => spec.parse().map_err(|e: String| bad("key", e))?,
+        None => KeyFrom::MessageId,
+    };
+    let concurrency = args.concurrency.or(file.concurrency).unwrap_or(16);
+    if concurrency == 0 || concurrency > 10_000 {
+        return Err(bad("concurrency", "must be from 1 to 10000"));
+    }
+    let max_attempts = args.max_attempts.or(file.max_attempts).unwrap_or(16);
+    if max_attempts == 0 {
+        return Err(bad("max_attempts", "must be at least 1"));
+    }
+    let metrics_listen = args
+        .metrics_listen
+        .or(file.metrics_listen.clone())
+        .map(|a| {
+            a.parse().map_err(|_| {
+                bad(
+                    "metrics_listen",
+                    format!("{a:?} is not an address; give host:port, e.g. 127.0.0.1:9464"),
+                )
+            })
+        })
+        .transpose()?;
+    let ms = |flag: Option<u64>, file: Option<u64>, default: u64, field: &'static str| {
+        let v = flag.or(file).unwrap_or(default);
+        if v == 0 {
+            Err(bad(field, "must be at least 1"))
+        } else {
+            Ok(Duration::from_millis(v))
+        }
+    };
+    let timeout = ms(args.timeout_ms, file.timeout_ms, 30_000, "timeout_ms")?;
+    let grace = ms(
+        args.shutdown_grace_ms,
+        file.shutdown_grace_ms,
+        30_000,
+        "shutdown_grace_ms",
+    )?;
+    let initial = ms(
+        args.retry_initial_ms,
+        file.retry_initial_ms,
+        1_000,
+        "retry_initial_ms",
+    )?;
+    let max = ms(
+        args.retry_max_ms,
+        file.retry_max_ms,
+        300_000,
+        "retry_max_ms",
+    )?;
+    if max < initial {
+        return Err(bad("retry_max_ms", "must be at least retry_initial_ms"));
+    }
+    Ok(Settings {
+        from,
+        to,
+        namespace,
+        key,
+        concurrency,
+        max_attempts,
+        dead_letter: args.dead_letter.or(file.dead_letter.clone()),
+        metrics_listen,
+        timeout,
+        grace,
+        backoff: Backoff {
+            initial,
+            max,
+            jitter: 0.5,
+        },
+        store: resolve_store(args.store, file)?,
+    })
+}
+
+/// Runs the sidecar until SIGINT or SIGTERM, then shuts down gracefully
+/// and returns.
+///
+/// # Cancel safety
+///
+/// Not meant to be cancelled: it returns on a signal, after settling every
+/// message it holds.
+pub async fn run(args: ConsumeArgs) -> Result<(), Failure> {
+    let file = read_file(args.store.config.as_deref())?;
+    let settings = resolve(args, &file)?;
+    init_logging(&settings.store.log)?;
+    let metrics = PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| Failure::Run(format!("metrics: {e}")))?;
+    let store = store_url::open(&settings.store).await?;
+    let shutdown = CancellationToken::new();
+    {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            tracing::info!("shutting down: finishing the messages in flight");
+            shutdown.cancel();
+        });
+    }
+    if let Some(addr) = settings.metrics_listen {
+        serve_metrics(addr, metrics, shutdown.clone()).await?;
+    }
+    let job = Job {
+        guard: Guard::new(store.store.clone())
+            .lease(Lease::new(settings.store.default_lease))
+            .retention(settings.store.default_retention),
+        handler: HttpHandler::new(
+            settings.to.clone(),
+            settings.timeout,
+            settings.store.limits.max_outcome_bytes.saturating_sub(64),
+        ),
+        to: settings.to.to_string(),
+        namespace: settings.namespace,
+        key: settings.key,
+        concurrency: settings.concurrency,
+        max_attempts: settings.max_attempts,
+        backoff: settings.backoff,
+        grace: settings.grace,
+        dead_letter: settings.dead_letter,
+        lease: settings.store.default_lease,
+        shutdown,
+        store: store.description.clone(),
+    };
+    let report = sources::run(&settings.from, job).await;
+    store.close();
+    let report = report?;
+    tracing::info!(?report, "stopped");
+    Ok(())
+}
+
+/// Everything but the source: what each source's arm hands its source to.
+// Each broker's arm in `sources` calls `run` once its source is wired.
+#[allow(dead_code)]
+pub struct Job {
+    guard: Guard<SharedStore>,
+    handler: HttpHandler,
+    to: String,
+    store: String,
+    namespace: Option<Namespace>,
+    key: KeyFrom,
+    /// Most messages held at once: the broker's prefetch too.
+    pub concurrency: usize,
+    max_attempts: u32,
+    backoff: Backoff,
+    grace: Duration,
+    /// `--dead-letter`, when given.
+    pub dead_letter: Option<String>,
+    /// The lease each claim takes (a broker with its own redelivery timer
+    /// compares it).
+    pub lease: Duration,
+    shutdown: CancellationToken,
+}
+
+#[allow(dead_code)]
+impl Job {
+    /// Runs the runner on `source` until shutdown.
+    pub async fn run<S: Source>(self, source: S) -> Result<Report, Failure> {
+        let name = source.name().to_owned();
+        let mut runner = Runner::new(self.guard, source, self.handler)
+            .key(self.key)
+            .concurrency(self.concurrency)
+            .max_attempts(self.max_attempts)
+            .backoff(self.backoff)
+            .shutdown_grace(self.grace);
+        if let Some(ns) = self.namespace {
+            runner = runner.namespace(ns);
+        }
+        tracing::info!(source = %name, to = %self.to, store = %self.store, "starting idem consume");
+        // Tests and scripts wait for this line.
+        println!("idem consume ready: {name} -> {}", self.to);
+        runner
+            .run(self.shutdown)
+            .await
+            .map_err(|e| Failure::Config(bad("namespace", e.to_string())))
+    }
+}
+
+async fn serve_metrics(
+    addr: SocketAddr,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+    shutdown: CancellationToken,
+) -> Result<(), Failure> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Failure::Run(format!("cannot serve metrics on {addr}: {e}")))?;
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || std::future::ready(metrics.render())),
+        )
+        .route("/health", axum::routing::get(|| std::future::ready("ok")));
+    tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "the metrics listener stopped");
+        }
+    });
+    Ok(())
+}

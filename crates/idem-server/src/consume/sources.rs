@@ -1,0 +1,79 @@
+//! The broker behind `--from`, chosen by the URL's scheme.
+
+use idem_consumer::Report;
+
+use super::Job;
+use crate::Failure;
+use crate::config::{ConfigError, bad};
+
+/// Checks that this build reads `from`'s scheme, before anything opens.
+pub fn check(from: &str) -> Result<(), ConfigError> {
+    let Some((scheme, _)) = from.split_once("://") else {
+        return Err(bad("from", format!("{from:?} is not a URL; {FORMS}")));
+    };
+    let known: &[&str] = &[
+        #[cfg(feature = "amqp")]
+        "amqp",
+        #[cfg(feature = "amqp")]
+        "amqps",
+        #[cfg(feature = "jetstream")]
+        "nats",
+        #[cfg(feature = "jetstream")]
+        "tls",
+        #[cfg(feature = "redis-streams")]
+        "redis",
+        #[cfg(feature = "redis-streams")]
+        "rediss",
+    ];
+    if known.contains(&scheme) {
+        Ok(())
+    } else {
+        Err(bad(
+            "from",
+            format!("{scheme}:// sources are not supported by this build; {FORMS}"),
+        ))
+    }
+}
+
+/// Connects the source `from` names and runs `job` on it.
+pub async fn run(from: &str, job: Job) -> Result<Report, Failure> {
+    check(from)?;
+    let scheme = from.split_once("://").map_or(from, |(s, _)| s);
+    match scheme {
+        #[cfg(feature = "amqp")]
+        "amqp" | "amqps" => amqp(from, job).await,
+        #[cfg(feature = "jetstream")]
+        "nats" | "tls" => jetstream(from, job).await,
+        #[cfg(feature = "redis-streams")]
+        "redis" | "rediss" => redis_streams(from, job).await,
+        _ => unreachable!("checked above"),
+    }
+}
+
+const FORMS: &str = "give amqp://USER:PASS@HOST:PORT/VHOST?queue=NAME, \
+    nats://HOST:PORT?stream=STREAM&consumer=NAME&subject=SUBJECT or \
+    redis://HOST:PORT?stream=NAME&group=GROUP";
+
+#[cfg(feature = "amqp")]
+async fn amqp(from: &str, job: Job) -> Result<Report, Failure> {
+    let _ = job;
+    Err(Failure::Run(format!(
+        "{from}: the amqp source is not wired yet"
+    )))
+}
+
+#[cfg(feature = "jetstream")]
+async fn jetstream(from: &str, job: Job) -> Result<Report, Failure> {
+    let _ = job;
+    Err(Failure::Run(format!(
+        "{from}: the jetstream source is not wired yet"
+    )))
+}
+
+#[cfg(feature = "redis-streams")]
+async fn redis_streams(from: &str, job: Job) -> Result<Report, Failure> {
+    let _ = job;
+    Err(Failure::Run(format!(
+        "{from}: the redis streams source is not wired yet"
+    )))
+}

@@ -1,0 +1,536 @@
+//! `idem consume` against a real broker: a sink that records every call,
+//! the sidecar as a child process, and the scenarios every broker's test
+//! file runs (`consume_<broker>.rs` implements [`Broker`] and calls them).
+#![allow(async_fn_in_trait)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use bytes::Bytes;
+use idem_consumer::{HandlerError, KeyFrom, Message, Runner, Source};
+use idem_core::{Begin, ClaimHandle, Guard, Key, Lease, Store};
+use idem_redis::RedisStore;
+use parking_lot::Mutex;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// A broker under test, with names of its own for one test.
+pub trait Broker {
+    /// The library runner's source.
+    type Source: Source;
+    /// `--from` for `idem consume`.
+    fn source_url(&self) -> String;
+    /// The queue or stream name (the default namespace).
+    fn name(&self) -> String;
+    /// A source on the same queue or stream, for the library runner.
+    async fn library_source(&self) -> Self::Source;
+    /// Publishes each `(id, body)` with its id as the message id.
+    async fn publish(&self, messages: &[(String, Vec<u8>)]);
+    /// What the dead-letter destination holds: each message's headers
+    /// (names lowercased) and body.
+    async fn dead_letters(&self) -> Vec<(HashMap<String, String>, Vec<u8>)>;
+    /// Whether every published message is settled: none waiting, none
+    /// delayed, none unacknowledged.
+    async fn drained(&self) -> bool;
+}
+
+/// One call the sink received.
+#[derive(Clone, Debug)]
+pub struct Call {
+    pub key: String,
+    pub token: Option<u64>,
+    pub attempt: u32,
+    pub by: &'static str,
+}
+
+#[derive(Default)]
+struct Ledger {
+    calls: Vec<Call>,
+    /// Keys whose effect is applied: recorded with the effect, in one step,
+    /// as a database records the key in the business transaction.
+    applied: HashMap<String, u64>,
+    /// Calls started, per key (for the slow and failing behaviours).
+    started: HashMap<String, u32>,
+}
+
+/// The business system: an HTTP endpoint for `idem consume` and a function
+/// for the library runner, with one ledger. What it does depends on the
+/// key's prefix: `fail2-` fails (503) twice then succeeds, `always-` always
+/// fails (500), `bad-` is refused (422), `slow-` takes 2 s; anything else
+/// succeeds after a short pause.
+#[derive(Clone, Default)]
+pub struct Sink {
+    ledger: Arc<Mutex<Ledger>>,
+}
+
+impl Sink {
+    /// Serves the sink's endpoint; returns its URL.
+    pub async fn serve(&self) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr: SocketAddr = listener.local_addr().unwrap();
+        let app = axum::Router::new()
+            .route("/handle", axum::routing::post(http_handle))
+            .with_state(self.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}/handle")
+    }
+
+    /// Handles one message: the sink's behaviour for its key.
+    pub async fn handle(
+        &self,
+        key: &str,
+        token: Option<u64>,
+        attempt: u32,
+        by: &'static str,
+    ) -> StatusCode {
+        let n = {
+            let mut l = self.ledger.lock();
+            let n = l.started.entry(key.to_owned()).or_default();
+            *n += 1;
+            *n
+        };
+        let status = if key.starts_with("fail2-") && n <= 2 {
+            StatusCode::SERVICE_UNAVAILABLE
+        } else if key.starts_with("always-") {
+            StatusCode::INTERNAL_SERVER_ERROR
+        } else if key.starts_with("bad-") {
+            StatusCode::UNPROCESSABLE_ENTITY
+        } else {
+            let pause = if key.starts_with("slow-") { 2000 } else { 1 };
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            StatusCode::OK
+        };
+        let mut l = self.ledger.lock();
+        l.calls.push(Call {
+            key: key.to_owned(),
+            token,
+            attempt,
+            by,
+        });
+        if status.is_success() {
+            l.applied
+                .entry(key.to_owned())
+                .or_insert(token.unwrap_or(0));
+        }
+        status
+    }
+
+    pub fn calls(&self) -> Vec<Call> {
+        self.ledger.lock().calls.clone()
+    }
+
+    pub fn calls_for(&self, key: &str) -> Vec<Call> {
+        self.calls().into_iter().filter(|c| c.key == key).collect()
+    }
+
+    pub fn applied(&self) -> usize {
+        self.ledger.lock().applied.len()
+    }
+
+    pub fn started(&self, key: &str) -> u32 {
+        self.ledger.lock().started.get(key).copied().unwrap_or(0)
+    }
+}
+
+async fn http_handle(State(sink): State<Sink>, headers: HeaderMap, _body: Bytes) -> StatusCode {
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let Some(key) = text("idempotency-key") else {
+        return StatusCode::BAD_REQUEST;
+    };
+    let token = text("idem-fencing-token").and_then(|t| t.parse().ok());
+    let attempt = text("idem-attempt")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0);
+    sink.handle(&key, token, attempt, "sidecar").await
+}
+
+/// A running `idem consume`.
+pub struct Consume {
+    pub child: Child,
+}
+
+/// Starts `idem consume ARGS…` and waits for its ready line.
+pub async fn start(args: &[String]) -> Consume {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .arg("consume")
+        .args(args)
+        .env_remove("IDEM_CONFIG")
+        .env("IDEM_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the idem binary starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("idem consume should be ready within 30 s")
+        .unwrap()
+        .unwrap_or_else(|| panic!("idem consume {args:?} exited before it was ready"));
+    assert!(
+        line.starts_with("idem consume ready"),
+        "unexpected first line {line:?}"
+    );
+    Consume { child }
+}
+
+impl Consume {
+    /// SIGKILL: the process dies mid-work.
+    pub async fn kill(mut self) {
+        self.child.kill().await.unwrap();
+    }
+
+    /// SIGTERM, then the exit code.
+    pub async fn terminate(mut self) -> i32 {
+        let pid = self.child.id().expect("running").to_string();
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let status = tokio::time::timeout(Duration::from_secs(40), self.child.wait())
+            .await
+            .expect("idem consume should stop within 40 s of SIGTERM")
+            .unwrap();
+        status.code().expect("exited, not killed")
+    }
+}
+
+/// The Redis store both consumers share, and its URL.
+pub async fn store() -> Option<(RedisStore, String)> {
+    let url = super::redis().await?;
+    let store = RedisStore::builder(&url)
+        .connect()
+        .await
+        .expect("Redis connects");
+    Some((store, url))
+}
+
+fn args(broker: &impl Broker, to: &str, store: &str, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "--from",
+        &broker.source_url(),
+        "--to",
+        to,
+        "--store",
+        store,
+        "--retry-initial-ms",
+        "50",
+        "--retry-max-ms",
+        "200",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+async fn wait_for(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn messages(ids: impl IntoIterator<Item = String>) -> Vec<(String, Vec<u8>)> {
+    ids.into_iter()
+        .map(|id| {
+            let body = format!("{{\"id\":\"{id}\"}}").into_bytes();
+            (id, body)
+        })
+        .collect()
+}
+
+/// 10 000 messages, 10 % published twice (some while the first copy is
+/// being handled), two consumers (the library runner in this process and
+/// `idem consume`), the sidecar killed with SIGKILL mid-run and restarted:
+/// every message's effect reaches the sink, and the only second calls are
+/// for keys the killed process was handling, each with a larger fencing
+/// token.
+pub async fn crash_and_duplicates(broker: impl Broker) {
+    let Some((store, store_url)) = store().await else {
+        return;
+    };
+    let sink = Sink::default();
+    let to = sink.serve().await;
+    let total = 10_000;
+    let ids: Vec<String> = (0..total).map(|i| format!("m-{i}")).collect();
+    let mut first = messages(ids.iter().cloned());
+    // Half the copies go out at once, among the originals.
+    for i in (0..total).step_by(20) {
+        first.push((
+            ids[i].clone(),
+            format!("{{\"id\":\"{}\"}}", ids[i]).into_bytes(),
+        ));
+    }
+    broker.publish(&first).await;
+    let concurrency = 16;
+    let sidecar_args = args(
+        &broker,
+        &to,
+        &store_url,
+        &["--concurrency", "16", "--default-lease-ms", "2000"],
+    );
+    let sidecar = start(&sidecar_args).await;
+    let stop = CancellationToken::new();
+    let library = {
+        let guard = Guard::new(store.clone()).lease(Lease::from_millis(2000));
+        let sink = sink.clone();
+        let handler = move |m: Message, claim: ClaimHandle| {
+            let sink = sink.clone();
+            async move {
+                let key =
+                    String::from_utf8_lossy(m.key.as_deref().unwrap_or_default()).into_owned();
+                let status = sink
+                    .handle(&key, claim.token().map(|t| t.get()), m.attempt, "library")
+                    .await;
+                if status.is_success() {
+                    Ok(Bytes::new())
+                } else {
+                    Err(HandlerError::transient(status.to_string()))
+                }
+            }
+        };
+        let runner = Runner::new(guard, broker.library_source().await, handler)
+            .key(KeyFrom::MessageId)
+            .concurrency(concurrency);
+        tokio::spawn(runner.run(stop.clone()))
+    };
+    // The other half of the copies, while the first copies are handled.
+    wait_for("the first effects", Duration::from_secs(60), async || {
+        sink.applied() >= 1_000
+    })
+    .await;
+    let late = messages((0..total).skip(10).step_by(20).map(|i| ids[i].clone()));
+    broker.publish(&late).await;
+    wait_for(
+        "a third of the effects",
+        Duration::from_secs(120),
+        async || sink.applied() >= total / 3,
+    )
+    .await;
+    let calls_before_kill = sink.calls().len();
+    sidecar.kill().await;
+    let sidecar = start(&sidecar_args).await;
+    wait_for(
+        "every effect and a drained broker",
+        Duration::from_secs(240),
+        async || sink.applied() == total && broker.drained().await,
+    )
+    .await;
+    assert_eq!(sidecar.terminate().await, 0, "SIGTERM exits 0");
+    stop.cancel();
+    let report = library.await.unwrap().unwrap();
+
+    let calls = sink.calls();
+    let mut per_key: HashMap<&str, Vec<&Call>> = HashMap::new();
+    for c in &calls {
+        per_key.entry(&c.key).or_default().push(c);
+    }
+    assert_eq!(
+        per_key.len(),
+        total,
+        "every message's effect reached the sink"
+    );
+    let again: Vec<_> = per_key.iter().filter(|(_, cs)| cs.len() > 1).collect();
+    for (key, cs) in &again {
+        assert!(
+            cs.windows(2).all(|w| w[0].token < w[1].token),
+            "{key}: a second call must carry a larger fencing token: {cs:?}"
+        );
+        assert_eq!(
+            cs[0].by, "sidecar",
+            "{key}: only the killed process's work runs again: {cs:?}"
+        );
+    }
+    assert!(
+        again.len() <= concurrency,
+        "only messages the killed process held may run twice; {} did: {:?}",
+        again.len(),
+        again.iter().take(5).collect::<Vec<_>>()
+    );
+    let by_library = calls.iter().filter(|c| c.by == "library").count();
+    assert!(
+        by_library > 0 && by_library < calls.len(),
+        "both consumers worked: {by_library} of {}",
+        calls.len()
+    );
+    assert!(calls_before_kill > 0);
+    assert!(
+        report.duplicates > 0 || calls.len() < total + total / 10,
+        "{report:?}"
+    );
+    eprintln!(
+        "crash_and_duplicates: {} calls for {total} messages, {} keys called twice (killed in flight), library {by_library}, library report {report:?}",
+        calls.len(),
+        again.len()
+    );
+}
+
+/// A handler that fails twice (503) is called a third time after backoff
+/// and applied once; one that always fails (500) is dead-lettered after
+/// `--max-attempts` with its body and the idem headers; one refused with
+/// 422 is dead-lettered at once.
+pub async fn retries_and_dead_letters(broker: impl Broker) {
+    let Some((_store, store_url)) = store().await else {
+        return;
+    };
+    let sink = Sink::default();
+    let to = sink.serve().await;
+    broker
+        .publish(&messages([
+            "fail2-a".into(),
+            "always-b".into(),
+            "bad-c".into(),
+            "ok-d".into(),
+        ]))
+        .await;
+    let sidecar = start(&args(&broker, &to, &store_url, &["--max-attempts", "3"])).await;
+    wait_for("two dead letters", Duration::from_secs(60), async || {
+        broker.dead_letters().await.len() == 2 && sink.applied() == 2
+    })
+    .await;
+    wait_for("a drained broker", Duration::from_secs(30), async || {
+        broker.drained().await
+    })
+    .await;
+    assert_eq!(sidecar.terminate().await, 0);
+
+    let flaky = sink.calls_for("fail2-a");
+    assert_eq!(flaky.len(), 3, "{flaky:?}");
+    assert_eq!(
+        flaky.iter().map(|c| c.attempt).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+    assert_eq!(
+        sink.calls_for("always-b").len(),
+        3,
+        "three attempts, then the dead letter"
+    );
+    assert_eq!(sink.calls_for("bad-c").len(), 1, "a 422 is not retried");
+    assert_eq!(sink.calls_for("ok-d").len(), 1);
+    let dead = broker.dead_letters().await;
+    let find = |key: &str| {
+        dead.iter()
+            .find(|(h, _)| h.get("idem-key").map(String::as_str) == Some(key))
+            .unwrap_or_else(|| panic!("{key} is not among the dead letters: {dead:?}"))
+    };
+    let (headers, body) = find("always-b");
+    assert_eq!(headers["idem-attempts"], "3");
+    assert!(headers["idem-last-error"].contains("500"), "{headers:?}");
+    assert_eq!(body, br#"{"id":"always-b"}"#);
+    let (headers, _) = find("bad-c");
+    assert_eq!(headers["idem-attempts"], "1");
+    assert!(headers["idem-last-error"].contains("422"), "{headers:?}");
+}
+
+/// A key another holder works on is retried once its lease has run out,
+/// not dropped and not spun on; then handled once.
+pub async fn busy_keys_are_retried_later(broker: impl Broker) {
+    let Some((store, store_url)) = store().await else {
+        return;
+    };
+    let sink = Sink::default();
+    let to = sink.serve().await;
+    let key = Key::new(&broker.name(), "held-a").unwrap();
+    let Begin::Acquired(_) = store
+        .begin(&key, None, Lease::from_millis(1500))
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh key")
+    };
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let sidecar = start(&args(
+        &broker,
+        &to,
+        &store_url,
+        &["--metrics-listen", &metrics],
+    ))
+    .await;
+    let started = Instant::now();
+    broker.publish(&messages(["held-a".into()])).await;
+    wait_for(
+        "the held key's effect",
+        Duration::from_secs(30),
+        async || sink.applied() == 1,
+    )
+    .await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(1000),
+        "waited for the lease"
+    );
+    assert_eq!(sink.calls_for("held-a").len(), 1);
+    let text = super::get(&format!("http://{metrics}/metrics")).await;
+    let busy: f64 = String::from_utf8_lossy(&text.body)
+        .lines()
+        .filter(|l| l.starts_with("idem_consumer_messages_total") && l.contains("retried_busy"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(
+        (1.0..=3.0).contains(&busy),
+        "retried a few times, not spun on: {busy}"
+    );
+    wait_for("a drained broker", Duration::from_secs(30), async || {
+        broker.drained().await
+    })
+    .await;
+    assert_eq!(sidecar.terminate().await, 0);
+}
+
+/// SIGTERM while a handler works: it finishes, the message is acked, the
+/// sidecar exits 0.
+pub async fn sigterm_finishes_work_in_flight(broker: impl Broker) {
+    let Some((_store, store_url)) = store().await else {
+        return;
+    };
+    let sink = Sink::default();
+    let to = sink.serve().await;
+    let sidecar = start(&args(&broker, &to, &store_url, &[])).await;
+    broker.publish(&messages(["slow-a".into()])).await;
+    wait_for(
+        "the slow handler to start",
+        Duration::from_secs(30),
+        async || sink.started("slow-a") == 1,
+    )
+    .await;
+    let stopped = Instant::now();
+    assert_eq!(sidecar.terminate().await, 0);
+    assert!(
+        stopped.elapsed() >= Duration::from_millis(1000),
+        "it waited for the handler"
+    );
+    assert_eq!(sink.applied(), 1);
+    assert!(broker.drained().await, "the finished message was acked");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A name no earlier run used (queues and streams outlive a test).
+pub fn unique(prefix: &str) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{prefix}-{}-{now}", std::process::id())
+}
