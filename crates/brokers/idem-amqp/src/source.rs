@@ -187,7 +187,7 @@ impl AmqpSource {
             body,
             content_type: props.content_type().as_ref().map(|s| s.to_string()),
             attempt: receipt.attempts_made.saturating_add(1),
-            lane: None,
+            ..Message::default()
         };
         out.push(Delivery { message, receipt });
     }
