@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use idem_amqp::{AmqpConfig, AmqpPublisher, AmqpSource};
 use idem_consumer::Message;
-use lapin::options::{BasicGetOptions, QueueDeclareOptions};
+use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ConnectionProperties};
 use support::consume::{self, Broker, unique};
@@ -36,6 +36,23 @@ impl Rabbit {
             url,
             queue: unique(&format!("idem-consume-{what}")),
         })
+    }
+
+    /// Deletes the queue and those the source made for it.
+    async fn delete(url: String, queue: String) {
+        let connection = Connection::connect(&url, ConnectionProperties::default())
+            .await
+            .unwrap();
+        let mut names = vec![queue.clone(), format!("{queue}.dead-letter")];
+        names.extend(RETRY_SUFFIXES.iter().map(|s| format!("{queue}.retry.{s}")));
+        for name in names {
+            // A missing queue closes the channel: one channel per queue.
+            let channel = connection.create_channel().await.unwrap();
+            let _ = channel
+                .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+                .await;
+        }
+        let _ = connection.close(200, "OK".into()).await;
     }
 
     fn config(&self) -> AmqpConfig {
@@ -167,7 +184,9 @@ async fn crash_and_duplicates() {
     let Some(rabbit) = Rabbit::new("crash").await else {
         return;
     };
+    let (url, queue) = (rabbit.url.clone(), rabbit.queue.clone());
     consume::crash_and_duplicates(rabbit).await;
+    Rabbit::delete(url, queue).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,7 +194,9 @@ async fn retries_and_dead_letters() {
     let Some(rabbit) = Rabbit::new("retries").await else {
         return;
     };
+    let (url, queue) = (rabbit.url.clone(), rabbit.queue.clone());
     consume::retries_and_dead_letters(rabbit).await;
+    Rabbit::delete(url, queue).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,7 +204,9 @@ async fn busy_keys_are_retried_later() {
     let Some(rabbit) = Rabbit::new("busy").await else {
         return;
     };
+    let (url, queue) = (rabbit.url.clone(), rabbit.queue.clone());
     consume::busy_keys_are_retried_later(rabbit).await;
+    Rabbit::delete(url, queue).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -191,7 +214,9 @@ async fn sigterm_finishes_work_in_flight() {
     let Some(rabbit) = Rabbit::new("sigterm").await else {
         return;
     };
+    let (url, queue) = (rabbit.url.clone(), rabbit.queue.clone());
     consume::sigterm_finishes_work_in_flight(rabbit).await;
+    Rabbit::delete(url, queue).await;
 }
 
 #[test]
