@@ -24,6 +24,11 @@
 //!   count an attempt (a `nack` with requeue would mark it redelivered);
 //!   `nack` with requeue is the fallback when republishing fails.
 //!
+//! When a republish is not confirmed (a retry or dead-letter queue was
+//! deleted, the broker refused it), the original is handed back with a
+//! `nack` after a one-second pause instead of staying unacked while the
+//! channel lives, and the queue is declared again on next use.
+//!
 //! # Attempts
 //!
 //! The handler attempt number is `idem-attempts + 1`, where the header

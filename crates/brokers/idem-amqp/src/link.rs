@@ -18,8 +18,10 @@ pub(crate) struct Link {
     pub(crate) connection: Connection,
     pub(crate) publish: Channel,
     pub(crate) config: AmqpConfig,
-    /// Retry queues declared on this connection.
-    declared: Mutex<HashSet<&'static str>>,
+    /// The dead-letter and retry queues declared on this connection; a
+    /// queue is forgotten when a publish to it fails, so the next use
+    /// declares it again (someone may have deleted it).
+    declared: Mutex<HashSet<String>>,
 }
 
 impl Link {
@@ -76,10 +78,11 @@ impl Link {
         Ok(())
     }
 
-    /// Declares the dead-letter queue.
-    pub(crate) async fn declare_dead_letter_queue(&self) -> Result<(), ConnectError> {
-        self.declare(&self.config.dead_letter_queue(), FieldTable::default())
-            .await
+    /// The dead-letter queue, declared unless this connection did already.
+    pub(crate) async fn dead_letter_queue(&self) -> Result<String, ConnectError> {
+        let name = self.config.dead_letter_queue();
+        self.ensure(&name, FieldTable::default()).await?;
+        Ok(name)
     }
 
     /// The retry queue for `route`, declared on first use: its expired
@@ -87,9 +90,6 @@ impl Link {
     pub(crate) async fn retry_queue(&self, route: &RetryRoute) -> Result<String, ConnectError> {
         let queue = self.config.queue();
         let name = route.queue(queue);
-        if self.declared.lock().contains(route.suffix) {
-            return Ok(name);
-        }
         let mut args = FieldTable::default();
         args.insert(
             "x-dead-letter-exchange".into(),
@@ -99,9 +99,17 @@ impl Link {
             "x-dead-letter-routing-key".into(),
             AMQPValue::LongString(LongString::from(queue)),
         );
-        self.declare(&name, args).await?;
-        self.declared.lock().insert(route.suffix);
+        self.ensure(&name, args).await?;
         Ok(name)
+    }
+
+    async fn ensure(&self, queue: &str, args: FieldTable) -> Result<(), ConnectError> {
+        if self.declared.lock().contains(queue) {
+            return Ok(());
+        }
+        self.declare(queue, args).await?;
+        self.declared.lock().insert(queue.to_owned());
+        Ok(())
     }
 
     /// Declares `queue` durable with `args`, on a channel of its own (a
@@ -152,15 +160,22 @@ impl Link {
             .map_err(|e| e.to_string())?
             .await
             .map_err(|e| e.to_string())?;
-        if confirmation.is_nack() {
-            return Err("the broker refused the message (nack)".into());
+        let refused = if confirmation.is_nack() {
+            Some("the broker refused the message (nack)".to_owned())
+        } else {
+            confirmation.take_message().map(|returned| {
+                format!(
+                    "no queue took the message ({}); does `{queue}` exist?",
+                    returned.reply_text
+                )
+            })
+        };
+        match refused {
+            Some(why) => {
+                self.declared.lock().remove(queue);
+                Err(why)
+            }
+            None => Ok(()),
         }
-        if let Some(returned) = confirmation.take_message() {
-            return Err(format!(
-                "no queue took the message ({}); does `{queue}` exist?",
-                returned.reply_text
-            ));
-        }
-        Ok(())
     }
 }

@@ -20,6 +20,10 @@ use crate::{AmqpConfig, ConnectError};
 /// How long a fetch waits for a first message before answering with none.
 const FETCH_WAIT: Duration = Duration::from_millis(500);
 
+/// The pause before a message whose republish failed goes back to the
+/// broker.
+const HAND_BACK_PAUSE: Duration = Duration::from_secs(1);
+
 /// A RabbitMQ queue as a [`Source`] for [`Runner`](idem_consumer::Runner):
 /// manual acks, prefetch = concurrency, delayed retries through retry
 /// queues, a dead-letter queue, and reconnection (see the crate docs).
@@ -46,7 +50,7 @@ impl Live {
     async fn open(config: &AmqpConfig) -> Result<Self, ConnectError> {
         let link = Link::open(config, "consumer").await?;
         link.declare_work_queue().await?;
-        link.declare_dead_letter_queue().await?;
+        link.dead_letter_queue().await?;
         let failed = |what: &str, e: &lapin::Error| ConnectError::from_lapin(config, what, None, e);
         let channel = link
             .connection
@@ -203,15 +207,7 @@ async fn count_redelivery(receipt: AmqpReceipt, body: Bytes) {
     let r = match receipt.link.publish(&queue, &body, props).await {
         Ok(()) => ack(&receipt.acker).await,
         Err(e) => {
-            // Not a hot loop: the broker gets the message back after a pause.
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let _ = receipt
-                .acker
-                .nack(BasicNackOptions {
-                    requeue: true,
-                    ..BasicNackOptions::default()
-                })
-                .await;
+            hand_back_later(&receipt.acker).await;
             Err(SourceError::new("counting a redelivery", e))
         }
     };
@@ -248,40 +244,62 @@ async fn move_to(
             "the channel that delivered the message is closed; the broker redelivers it",
         ));
     }
-    receipt
-        .link
-        .publish(queue, body, props)
-        .await
-        .map_err(|e| SourceError::new(format!("{what}: publishing to `{queue}`"), e))?;
+    if let Err(e) = receipt.link.publish(queue, body, props).await {
+        hand_back_later(&receipt.acker).await;
+        return Err(SourceError::new(
+            format!("{what}: publishing to `{queue}`"),
+            e,
+        ));
+    }
     ack(&receipt.acker).await
 }
 
+/// After a failed republish: gives the message back to the broker (which
+/// counts it as redelivered) rather than leaving it unacked for as long as
+/// the channel lives, after a pause so that a failure that persists does not
+/// make a hot loop.
+async fn hand_back_later(acker: &Acker) {
+    if !acker.usable() {
+        return;
+    }
+    tokio::time::sleep(HAND_BACK_PAUSE).await;
+    let requeue = BasicNackOptions {
+        requeue: true,
+        ..BasicNackOptions::default()
+    };
+    if let Err(e) = acker.nack(requeue).await {
+        tracing::debug!(error = %e, "handing back after a failed republish failed");
+    }
+}
+
 async fn requeue(receipt: &AmqpReceipt, body: &[u8]) -> Result<(), SourceError> {
+    if !receipt.acker.usable() {
+        return Err(SourceError::new(
+            "handing a message back",
+            "the channel that delivered it is closed; the broker redelivers it",
+        ));
+    }
     let props = republished(
         &receipt.properties,
         &[(ATTEMPTS, receipt.attempts_made.to_string())],
         None,
     );
-    let queue = receipt.link.config.queue().to_owned();
-    match move_to(receipt, "handing a message back", &queue, body, props).await {
-        Ok(()) => Ok(()),
+    let queue = receipt.link.config.queue();
+    match receipt.link.publish(queue, body, props).await {
+        Ok(()) => ack(&receipt.acker).await,
         // The broker marks it redelivered, which counts an attempt; better
-        // than holding it.
-        Err(e) if receipt.acker.usable() => {
+        // than holding it, and no pause: this is a shutdown.
+        Err(e) => {
             tracing::debug!(error = %e, "republishing failed; handing back with nack");
-            match receipt
-                .acker
-                .nack(BasicNackOptions {
-                    requeue: true,
-                    ..BasicNackOptions::default()
-                })
-                .await
-            {
+            let requeue = BasicNackOptions {
+                requeue: true,
+                ..BasicNackOptions::default()
+            };
+            match receipt.acker.nack(requeue).await {
                 Ok(true) => Ok(()),
-                _ => Err(e),
+                _ => Err(SourceError::new("handing a message back", e)),
             }
         }
-        Err(e) => Err(e),
     }
 }
 
@@ -381,7 +399,12 @@ impl Source for AmqpSource {
         let set = why.headers();
         let set: Vec<(&str, String)> = set.iter().map(|(n, v)| (*n, v.clone())).collect();
         let props = republished(&delivery.receipt.properties, &set, None);
-        let queue = self.inner.config.dead_letter_queue();
+        let queue = delivery
+            .receipt
+            .link
+            .dead_letter_queue()
+            .await
+            .map_err(|e| SourceError::new("dead-lettering a message", e))?;
         move_to(
             &delivery.receipt,
             "dead-lettering a message",

@@ -238,3 +238,36 @@ async fn a_key_held_elsewhere_is_retried_a_handful_of_times_then_handled() {
     inspect.delete(&queue).await;
     inspect.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_queue_deleted_while_running_is_declared_again_and_nothing_is_lost() {
+    let Some(url) = broker().await else { return };
+    let queue = unique("lost-dlq");
+    let config = config(&url, &queue);
+    publish(&config, [message("refused")]).await;
+    let source = AmqpSource::connect(config).await.unwrap();
+    let inspect = Inspect::new(&url).await;
+    let dead = format!("{queue}.dead-letter");
+    // Deleted after the source declared it.
+    inspect.delete_one(&dead).await;
+
+    let calls: Calls = Arc::default();
+    let handler = recording(&calls, |_, _| {
+        Err(HandlerError::permanent("amount is negative"))
+    });
+    let runner = Runner::new(Guard::new(MemoryStore::new()), source.clone(), handler);
+    let running = Running::start(runner);
+    let parked = eventually(Duration::from_secs(15), || async {
+        inspect.ready_or_zero(&dead).await == 1
+    })
+    .await;
+    let report = running.stop().await;
+    source.close().await;
+
+    assert!(parked, "{report:?}");
+    assert_eq!(report.source_errors, 1, "the first park failed: {report:?}");
+    assert_eq!(report.dead_lettered, 2, "{report:?}");
+    assert_eq!(inspect.ready(&queue).await, 0, "not left behind");
+    inspect.delete(&queue).await;
+    inspect.close().await;
+}

@@ -88,6 +88,30 @@ impl Inspect {
             .message_count()
     }
 
+    /// Messages ready in `queue`, 0 when it does not exist.
+    pub async fn ready_or_zero(&self, queue: &str) -> u32 {
+        // A missing queue closes the channel: one of its own.
+        let channel = self.connection.create_channel().await.unwrap();
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let n = channel
+            .queue_declare(queue.into(), passive, FieldTable::default())
+            .await
+            .map_or(0, |q| q.message_count());
+        let _ = channel.close(200, "OK".into()).await;
+        n
+    }
+
+    /// Deletes one queue.
+    pub async fn delete_one(&self, queue: &str) {
+        self.channel
+            .queue_delete(queue.into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+    }
+
     /// Takes one message from `queue`, acked.
     pub async fn get(&self, queue: &str) -> Option<BasicGetMessage> {
         self.channel
