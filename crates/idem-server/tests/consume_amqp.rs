@@ -43,8 +43,9 @@ impl Rabbit {
         let connection = Connection::connect(&url, ConnectionProperties::default())
             .await
             .unwrap();
-        let mut names = vec![queue.clone(), format!("{queue}.dead-letter")];
-        names.extend(RETRY_SUFFIXES.iter().map(|s| format!("{queue}.retry.{s}")));
+        let names = AmqpConfig::from_url(&format!("{url}?queue={queue}"))
+            .unwrap()
+            .queues();
         for name in names {
             // A missing queue closes the channel: one channel per queue.
             let channel = connection.create_channel().await.unwrap();
@@ -100,12 +101,6 @@ impl Rabbit {
             .sum()
     }
 }
-
-/// Retry queue suffixes the source may create.
-const RETRY_SUFFIXES: [&str; 17] = [
-    "100ms", "250ms", "500ms", "1s", "2s", "5s", "10s", "20s", "30s", "1m", "2m", "5m", "10m",
-    "20m", "30m", "1h", "long",
-];
 
 impl Broker for Rabbit {
     type Source = AmqpSource;
@@ -168,11 +163,12 @@ impl Broker for Rabbit {
         let connection = Connection::connect(&self.url, ConnectionProperties::default())
             .await
             .unwrap();
-        let mut waiting = self.ready(&connection, &self.queue).await;
-        for suffix in RETRY_SUFFIXES {
-            waiting += self
-                .ready(&connection, &format!("{}.retry.{suffix}", self.queue))
-                .await;
+        let mut waiting = 0;
+        let dead_letter = self.config().dead_letter_queue();
+        for queue in self.config().queues() {
+            if queue != dead_letter {
+                waiting += self.ready(&connection, &queue).await;
+            }
         }
         let _ = connection.close(200, "OK".into()).await;
         waiting == 0 && self.unacked().await == 0

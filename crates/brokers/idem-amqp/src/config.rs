@@ -125,6 +125,14 @@ impl AmqpConfig {
             .unwrap_or_else(|| format!("{}.dead-letter", self.queue))
     }
 
+    /// Every queue the source may declare: the work queue, the dead-letter
+    /// queue and the retry queues (to list or remove them).
+    pub fn queues(&self) -> Vec<String> {
+        let mut all = vec![self.queue.clone(), self.dead_letter_queue()];
+        all.extend(crate::delay::retry_queues(&self.queue));
+        all
+    }
+
     /// Messages held at once.
     pub fn concurrency_limit(&self) -> usize {
         self.concurrency
@@ -214,6 +222,10 @@ mod tests {
         assert_eq!(c.user(), "guest");
         assert_eq!(c.queue(), "orders");
         assert_eq!(c.dead_letter_queue(), "orders.dead-letter");
+        let queues = c.queues();
+        assert_eq!(queues.len(), 2 + 17);
+        assert!(queues.contains(&"orders.retry.100ms".to_owned()));
+        assert!(queues.contains(&"orders.retry.long".to_owned()));
         assert_eq!(c.uri.query.heartbeat, Some(10));
         assert!(!format!("{c:?}").contains("secret"));
         let c = c.dead_letter("parked").concurrency(0);

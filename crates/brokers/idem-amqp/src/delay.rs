@@ -30,6 +30,15 @@ const BUCKETS: [(u64, &str); 16] = [
     (3_600_000, "1h"),
 ];
 
+/// Every retry queue of work queue `queue`.
+pub(crate) fn retry_queues(queue: &str) -> impl Iterator<Item = String> + '_ {
+    BUCKETS
+        .iter()
+        .map(|(_, suffix)| *suffix)
+        .chain(["long"])
+        .map(move |suffix| format!("{queue}.retry.{suffix}"))
+}
+
 /// Where a retry of a given delay waits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct RetryRoute {

@@ -20,12 +20,6 @@ use tokio_util::sync::CancellationToken;
 
 pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
-/// Retry queue suffixes the source may create (see the crate docs).
-const RETRY_SUFFIXES: [&str; 17] = [
-    "100ms", "250ms", "500ms", "1s", "2s", "5s", "10s", "20s", "30s", "1m", "2m", "5m", "10m",
-    "20m", "30m", "1h", "long",
-];
-
 /// The test broker's URL, or `None` (test skipped) when it is away.
 pub async fn broker() -> Option<String> {
     let url = services::url("IDEM_TEST_AMQP_URL", DEFAULT_URL);
@@ -59,6 +53,7 @@ pub fn message(id: &str) -> Message {
 
 /// A plain connection to look at queues, as an operator would.
 pub struct Inspect {
+    url: String,
     connection: Connection,
     channel: Channel,
 }
@@ -70,6 +65,7 @@ impl Inspect {
             .expect("broker reachable");
         let channel = connection.create_channel().await.unwrap();
         Self {
+            url: url.to_owned(),
             connection,
             channel,
         }
@@ -122,9 +118,7 @@ impl Inspect {
 
     /// Deletes `queue` and the queues the source made for it.
     pub async fn delete(&self, queue: &str) {
-        let mut names = vec![queue.to_owned(), format!("{queue}.dead-letter")];
-        names.extend(RETRY_SUFFIXES.iter().map(|s| format!("{queue}.retry.{s}")));
-        for name in names {
+        for name in config(&self.url, queue).queues() {
             let _ = self
                 .channel
                 .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
