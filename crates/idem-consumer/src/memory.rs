@@ -66,6 +66,11 @@ impl MemorySource {
         self.inner.lock().acked.clone()
     }
 
+    /// How many messages were acked so far.
+    pub fn acked_count(&self) -> usize {
+        self.inner.lock().acked.len()
+    }
+
     /// Messages dead-lettered so far, with why.
     pub fn dead_letters(&self) -> Vec<(Message, DeadLetter)> {
         self.inner.lock().dead.clone()

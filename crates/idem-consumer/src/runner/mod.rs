@@ -1,10 +1,10 @@
 //! The runner: fetch, claim, handle, settle.
 
 mod process;
+mod tally;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -52,6 +52,7 @@ pub struct Runner<S, Src, H> {
     ordered: bool,
     fingerprint: bool,
     grace: Duration,
+    linger: Duration,
 }
 
 impl<S, Src, H> Runner<S, Src, H>
@@ -76,6 +77,7 @@ where
             ordered: false,
             fingerprint: false,
             grace: Duration::from_secs(30),
+            linger: Duration::from_millis(1),
         }
     }
 
@@ -130,6 +132,14 @@ where
         self
     }
 
+    /// Under load, how long to wait for half a batch of room before
+    /// fetching (default 1 ms; zero fetches as soon as there is room for
+    /// one). Larger batches mean fewer broker and store round trips.
+    pub fn fetch_linger(mut self, linger: Duration) -> Self {
+        self.linger = linger;
+        self
+    }
+
     /// How long handlers in flight may take to finish at shutdown (default
     /// 30 s).
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
@@ -158,6 +168,7 @@ where
             .unwrap_or(self.concurrency)
             .min(self.concurrency)
             .min(self.guard.store().limits().max_batch.max(1));
+        let tally = tally::Tally::new(namespace.as_str());
         let shared = Arc::new(Shared {
             guard: self.guard,
             source: self.source,
@@ -171,7 +182,7 @@ where
             groups: Mutex::new(HashMap::new()),
             shutdown: shutdown.clone(),
             hard_stop: CancellationToken::new(),
-            counts: Counts::default(),
+            tally,
         });
         let permits = Arc::new(Semaphore::new(self.concurrency));
         let tracker = TaskTracker::new();
@@ -188,11 +199,23 @@ where
                 p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
             };
             let mut held = vec![first];
-            while held.len() < batch {
-                match permits.clone().try_acquire_owned() {
-                    Ok(p) => held.push(p),
-                    Err(_) => break,
+            take_free(&permits, &mut held, batch);
+            // Under load permits come back one at a time; fetching each
+            // alone would cost a broker round trip and a claim round trip
+            // per message. Wait a moment for half a batch.
+            if held.len() < batch / 2 && !self.linger.is_zero() {
+                let until = Instant::now() + self.linger;
+                while held.len() < batch / 2 {
+                    tokio::select! {
+                        biased;
+                        () = shutdown.cancelled() => break,
+                        p = permits.clone().acquire_owned() => {
+                            held.push(p.expect("the semaphore is never closed"));
+                        }
+                        () = tokio::time::sleep_until(until) => break,
+                    }
                 }
+                take_free(&permits, &mut held, batch);
             }
             let fetched = tokio::select! {
                 biased;
@@ -220,12 +243,7 @@ where
                 }
                 Err(e) => {
                     fetch_failures += 1;
-                    shared
-                        .counts
-                        .fetch_errors
-                        .fetch_add(1, AtomicOrdering::Relaxed);
-                    metrics::counter!("idem_consumer_source_errors_total", "op" => "fetch")
-                        .increment(1);
+                    shared.tally.fetch_failed();
                     let pause = fetch_backoff.delay(fetch_failures);
                     tracing::warn!(error = %e, ?pause, "fetching messages failed; trying again");
                     tokio::select! {
@@ -247,7 +265,17 @@ where
             shared.hard_stop.cancel();
             tracker.wait().await;
         }
-        Ok(shared.counts.report())
+        Ok(shared.tally.report())
+    }
+}
+
+/// Adds free permits to `held`, up to `batch`.
+fn take_free(permits: &Arc<Semaphore>, held: &mut Vec<OwnedSemaphorePermit>, batch: usize) {
+    while held.len() < batch {
+        match permits.clone().try_acquire_owned() {
+            Ok(p) => held.push(p),
+            Err(_) => break,
+        }
     }
 }
 
@@ -286,36 +314,6 @@ pub enum RunError {
     Namespace(InvalidInput),
 }
 
-#[derive(Default)]
-struct Counts {
-    handled: AtomicU64,
-    duplicates: AtomicU64,
-    retried_busy: AtomicU64,
-    retried_failed: AtomicU64,
-    retried_unavailable: AtomicU64,
-    dead_lettered: AtomicU64,
-    requeued: AtomicU64,
-    source_errors: AtomicU64,
-    fetch_errors: AtomicU64,
-}
-
-impl Counts {
-    fn report(&self) -> Report {
-        let get = |c: &AtomicU64| c.load(AtomicOrdering::Relaxed);
-        Report {
-            handled: get(&self.handled),
-            duplicates: get(&self.duplicates),
-            retried_busy: get(&self.retried_busy),
-            retried_failed: get(&self.retried_failed),
-            retried_unavailable: get(&self.retried_unavailable),
-            dead_lettered: get(&self.dead_lettered),
-            requeued: get(&self.requeued),
-            source_errors: get(&self.source_errors),
-            fetch_errors: get(&self.fetch_errors),
-        }
-    }
-}
-
 /// A message waiting for another of its group (same key, or same lane when
 /// ordered) to finish.
 struct Parked<R> {
@@ -339,7 +337,7 @@ struct Shared<S, Src: Source, H> {
     groups: Mutex<HashMap<Bytes, VecDeque<Parked<Src::Receipt>>>>,
     shutdown: CancellationToken,
     hard_stop: CancellationToken,
-    counts: Counts,
+    tally: tally::Tally,
 }
 
 impl<S, Src, H> Shared<S, Src, H>
@@ -430,11 +428,13 @@ where
         for (group, delivery, key, permit) in starts {
             let begun = answers.next().expect("one answer per item");
             let this = self.clone();
-            tracker.spawn(async move {
+            // Boxed: the task then moves a pointer, not the whole state
+            // of a guarded handler.
+            tracker.spawn(Box::pin(async move {
                 this.settle(delivery, &key, begun, sent).await;
                 drop(permit);
                 this.drain(group).await;
-            });
+            }));
         }
     }
 

@@ -1,13 +1,13 @@
 //! One message: from its `begin` answer to its broker action.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering as AtomicOrdering;
 use std::time::Duration;
 
 use idem_core::{Begin, Claim, GuardError, Key, Raw, Store, StoreError};
 use tokio::time::Instant;
 
 use super::Shared;
+use super::tally::Settled;
 use crate::{DeadLetter, Delivery, Handler, HandlerError, RetryReason, Source};
 
 /// Busy retries wait at least this long, so an almost expired lease does not
@@ -61,8 +61,7 @@ where
             }
             Ok(Begin::Acquired(claim)) => self.handle(&delivery, key, claim, sent).await,
             Err(e) if e.is_transient() && self.guard.fails_open() => {
-                metrics::counter!("idem_consumer_fail_open_total", "namespace" => self.namespace.to_string())
-                    .increment(1);
+                self.tally.fail_open.increment(1);
                 self.handle_unguarded(&delivery, key).await
             }
             Err(e) if e.is_transient() => Action::Retry {
@@ -95,7 +94,8 @@ where
             () = self.keep_alive(delivery) => unreachable!("keep-alive never ends"),
             () = self.hard_stop.cancelled() => None,
         };
-        metrics::histogram!("idem_consumer_handler_seconds", "namespace" => self.namespace.to_string())
+        self.tally
+            .handler_seconds
             .record(started.elapsed().as_secs_f64());
         match outcome {
             // The guard's own release was spawned when its future was
@@ -184,31 +184,23 @@ where
     }
 
     async fn perform(&self, delivery: Delivery<Src::Receipt>, key: &Key, action: Action) {
-        let c = &self.counts;
-        let (label, result) = match action {
+        let (settled, result) = match action {
             Action::Ack { duplicate } => {
-                let (counter, label) = if duplicate {
-                    (&c.duplicates, "duplicate")
+                let settled = if duplicate {
+                    Settled::Duplicate
                 } else {
-                    (&c.handled, "handled")
+                    Settled::Handled
                 };
-                counter.fetch_add(1, AtomicOrdering::Relaxed);
-                (label, self.source.ack(delivery).await)
+                (settled, self.source.ack(delivery).await)
             }
             Action::Retry { reason, delay } => {
-                let counter = match reason {
-                    RetryReason::Busy => &c.retried_busy,
-                    RetryReason::Failed => &c.retried_failed,
-                    RetryReason::Unavailable => &c.retried_unavailable,
-                };
-                counter.fetch_add(1, AtomicOrdering::Relaxed);
                 tracing::debug!(%key, reason = reason.as_str(), ?delay, "retrying later");
-                let label = match reason {
-                    RetryReason::Busy => "retried_busy",
-                    RetryReason::Failed => "retried_failed",
-                    RetryReason::Unavailable => "retried_unavailable",
+                let settled = match reason {
+                    RetryReason::Busy => Settled::RetriedBusy,
+                    RetryReason::Failed => Settled::RetriedFailed,
+                    RetryReason::Unavailable => Settled::RetriedUnavailable,
                 };
-                (label, self.source.retry(delivery, delay, reason).await)
+                (settled, self.source.retry(delivery, delay, reason).await)
             }
             Action::DeadLetter(last_error) => {
                 let why = DeadLetter {
@@ -220,37 +212,24 @@ where
             }
             Action::Requeue => return self.requeue(delivery).await,
         };
-        self.count(label, result);
+        self.count(settled, result);
     }
 
     pub(super) async fn dead_letter(&self, delivery: Delivery<Src::Receipt>, why: DeadLetter) {
         tracing::warn!(key = ?why.key, attempts = why.attempts, error = %why.last_error, "dead-lettering a message");
-        self.counts
-            .dead_lettered
-            .fetch_add(1, AtomicOrdering::Relaxed);
         let r = self.source.dead_letter(delivery, why).await;
-        self.count("dead_lettered", r);
+        self.count(Settled::DeadLettered, r);
     }
 
     pub(super) async fn requeue(&self, delivery: Delivery<Src::Receipt>) {
-        self.counts.requeued.fetch_add(1, AtomicOrdering::Relaxed);
         let r = self.source.requeue(delivery).await;
-        self.count("requeued", r);
+        self.count(Settled::Requeued, r);
     }
 
-    fn count(&self, outcome: &'static str, result: Result<(), crate::SourceError>) {
-        metrics::counter!(
-            "idem_consumer_messages_total",
-            "namespace" => self.namespace.to_string(),
-            "outcome" => outcome
-        )
-        .increment(1);
+    fn count(&self, settled: Settled, result: Result<(), crate::SourceError>) {
+        self.tally.settled(settled, result.is_err());
         if let Err(e) = result {
-            self.counts
-                .source_errors
-                .fetch_add(1, AtomicOrdering::Relaxed);
-            metrics::counter!("idem_consumer_source_errors_total", "op" => outcome).increment(1);
-            tracing::warn!(error = %e, outcome, "settling a message failed; the broker will redeliver it");
+            tracing::warn!(error = %e, ?settled, "settling a message failed; the broker will redeliver it");
         }
     }
 }
