@@ -114,8 +114,8 @@ impl AmqpSource {
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future drops the half-made connection; nothing was
-    /// consumed yet.
+    /// Dropping the future drops the half-made connection; the broker
+    /// redelivers anything it had sent on it.
     pub async fn connect(config: AmqpConfig) -> Result<Self, ConnectError> {
         let live = Live::open(&config).await?;
         Ok(Self {
@@ -152,7 +152,10 @@ impl AmqpSource {
         while let Some(Some(Ok(d))) = live.consumer.next().now_or_never() {
             let receipt = self.receipt(&live.link, &d);
             let body = Bytes::from(d.data);
-            if let Err(e) = requeue(&receipt, &body).await {
+            if d.redelivered {
+                // Its count goes up all the same.
+                count_redelivery(receipt, body).await;
+            } else if let Err(e) = requeue(&receipt, &body).await {
                 tracing::warn!(error = %e, "handing back a prefetched message failed; the broker redelivers it");
             }
         }
