@@ -120,3 +120,57 @@ async fn a_message_that_kills_its_consumer_each_time_uses_an_attempt_per_death_a
     inspect.close().await;
     vhost.delete().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_broker_refuses_connections_the_source_keeps_trying_then_resumes() {
+    let Some(url) = broker().await else { return };
+    let Some(vhost) = Vhost::create(&url).await else {
+        return;
+    };
+    let queue = "orders";
+    let config = config(&vhost.url, queue);
+    const N: usize = 60;
+    publish(&config, (0..N).map(|i| message(&format!("order-{i}")))).await;
+
+    let effects = Effects::default();
+    let handler = applying(&effects, Duration::from_millis(20));
+    let source = AmqpSource::connect(config.concurrency(4)).await.unwrap();
+    let runner =
+        Runner::new(Guard::new(MemoryStore::new()), source.clone(), handler).concurrency(4);
+    let running = Running::start(runner);
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            effects.lock().len() >= 10
+        })
+        .await
+    );
+    // The broker is away: connections closed and new ones refused.
+    vhost.permit(false).await;
+    vhost.close_all_connections().await;
+    let during = effects.lock().len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after_pause = effects.lock().len();
+    vhost.permit(true).await;
+    let inspect = Inspect::new(&vhost.url).await;
+    let drained = eventually(Duration::from_secs(30), || async {
+        effects.lock().len() == N && inspect.ready(queue).await == 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let report = running.stop().await;
+    source.close().await;
+
+    assert!(drained, "{report:?}");
+    assert!(
+        after_pause <= during + 4,
+        "no work while away, beyond what was in hand"
+    );
+    assert!(
+        report.fetch_errors >= 3,
+        "kept trying with backoff: {report:?}"
+    );
+    assert_eq!(repeated(&effects), [], "effects applied twice");
+    assert_eq!(inspect.ready(queue).await, 0);
+    inspect.close().await;
+    vhost.delete().await;
+}

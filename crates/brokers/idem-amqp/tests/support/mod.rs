@@ -189,18 +189,38 @@ impl Vhost {
         }
         let name = unique("vhost");
         rabbitmqctl(&["add_vhost", &name]).await;
-        rabbitmqctl(&["set_permissions", "-p", &name, "guest", ".*", ".*", ".*"]).await;
         let mut parsed = url::Url::parse(url).unwrap();
         parsed.set_path(&name);
-        Some(Self {
+        let vhost = Self {
             name,
             url: parsed.into(),
-        })
+        };
+        vhost.permit(true).await;
+        Some(vhost)
     }
 
     /// Closes every client connection to the vhost from the server side.
     pub async fn close_all_connections(&self) {
         rabbitmqctl(&["close_all_connections", "-p", &self.name, "test"]).await;
+    }
+
+    /// Takes the test user's permissions on the vhost away (connections are
+    /// refused) or gives them back.
+    pub async fn permit(&self, allowed: bool) {
+        if allowed {
+            rabbitmqctl(&[
+                "set_permissions",
+                "-p",
+                &self.name,
+                "guest",
+                ".*",
+                ".*",
+                ".*",
+            ])
+            .await;
+        } else {
+            rabbitmqctl(&["clear_permissions", "-p", &self.name, "guest"]).await;
+        }
     }
 
     /// Deletes the vhost and its queues.
