@@ -9,7 +9,7 @@ use idem_amqp::{AmqpPublisher, AmqpSource};
 use idem_consumer::Runner;
 use idem_core::{Guard, MemoryStore};
 use support::{
-    Effects, Inspect, Running, applying, broker, config, eventually, message, repeated, unique,
+    Effects, Inspect, Running, applying, broker, config, drain, message, repeated, unique,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -48,14 +48,16 @@ async fn each_id_takes_effect_once_and_every_copy_is_acked() {
         Runner::new(Guard::new(MemoryStore::new()), source.clone(), handler).concurrency(32);
     let running = Running::start(runner);
     let inspect = Inspect::new(&url).await;
-    let drained = eventually(Duration::from_secs(40), || async {
-        effects.lock().len() == N && inspect.ready(&queue).await == 0
-    })
+    let (drained, report) = drain(
+        running,
+        &source,
+        &inspect,
+        &queue,
+        &effects,
+        N,
+        Duration::from_secs(40),
+    )
     .await;
-    // Let the last prefetched copies be fetched and settled.
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    let report = running.stop().await;
-    source.close().await;
 
     assert!(drained, "all ids handled and the queue drained: {report:?}");
     assert_eq!(effects.lock().len(), N);

@@ -12,8 +12,8 @@ use idem_consumer::{HandlerError, Message, Runner, Source};
 use idem_core::{Bytes, ClaimHandle, Guard, MemoryStore};
 use parking_lot::Mutex;
 use support::{
-    Effects, Inspect, Running, Vhost, applying, broker, config, eventually, message, publish,
-    repeated,
+    Effects, Inspect, Running, Vhost, applying, broker, config, drain, eventually, message,
+    publish, repeated,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -43,13 +43,16 @@ async fn after_the_broker_closes_every_connection_the_queue_drains_with_each_eff
         vhost.close_all_connections().await;
     }
     let inspect = Inspect::new(&vhost.url).await;
-    let drained = eventually(Duration::from_secs(40), || async {
-        effects.lock().len() == N && inspect.ready(queue).await == 0
-    })
+    let (drained, report) = drain(
+        running,
+        &source,
+        &inspect,
+        queue,
+        &effects,
+        N,
+        Duration::from_secs(40),
+    )
     .await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    let report = running.stop().await;
-    source.close().await;
 
     assert!(drained, "{report:?}");
     assert_eq!(repeated(&effects), [], "effects applied twice");
@@ -152,13 +155,16 @@ async fn while_the_broker_refuses_connections_the_source_keeps_trying_then_resum
     let after_pause = effects.lock().len();
     vhost.permit(true).await;
     let inspect = Inspect::new(&vhost.url).await;
-    let drained = eventually(Duration::from_secs(30), || async {
-        effects.lock().len() == N && inspect.ready(queue).await == 0
-    })
+    let (drained, report) = drain(
+        running,
+        &source,
+        &inspect,
+        queue,
+        &effects,
+        N,
+        Duration::from_secs(30),
+    )
     .await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    let report = running.stop().await;
-    source.close().await;
 
     assert!(drained, "{report:?}");
     assert!(

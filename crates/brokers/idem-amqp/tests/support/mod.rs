@@ -156,6 +156,28 @@ impl Running {
     }
 }
 
+/// Waits (up to `limit`) until `n` ids took effect and `queue` has nothing
+/// ready, lets the last prefetched copies settle, then stops the runner and
+/// closes the source; whether it drained, and the runner's report.
+pub async fn drain(
+    running: Running,
+    source: &idem_amqp::AmqpSource,
+    inspect: &Inspect,
+    queue: &str,
+    effects: &Effects,
+    n: usize,
+    limit: Duration,
+) -> (bool, Report) {
+    let drained = eventually(limit, || async {
+        effects.lock().len() == n && inspect.ready(queue).await == 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let report = running.stop().await;
+    source.close().await;
+    (drained, report)
+}
+
 /// Polls `check` every 20 ms until it holds or `limit` passes; whether it held.
 pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
 where
