@@ -82,8 +82,16 @@ async fn jetstream(from: &str, job: Job) -> Result<Report, Failure> {
 
 #[cfg(feature = "redis-streams")]
 async fn redis_streams(from: &str, job: Job) -> Result<Report, Failure> {
-    let _ = job;
-    Err(Failure::Run(format!(
-        "{from}: the redis streams source is not wired yet"
-    )))
+    use idem_redis_streams::{RedisStreamConfig, RedisStreamSource};
+    let mut config = RedisStreamConfig::from_url(from)
+        .map_err(|e| bad("from", e.to_string()))?
+        .concurrency(job.concurrency)
+        .lease(job.lease);
+    if let Some(name) = &job.dead_letter {
+        config = config.dead_letter(name.clone());
+    }
+    let source = RedisStreamSource::connect(config)
+        .await
+        .map_err(|e| Failure::Run(e.to_string()))?;
+    job.run(source).await
 }
