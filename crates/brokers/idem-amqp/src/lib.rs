@@ -1,2 +1,100 @@
 //! RabbitMQ (AMQP 0-9-1) source for idem's consumer runner.
+//!
+//! [`AmqpSource`] consumes one queue with manual acks and a prefetch equal
+//! to the concurrency; the [`Runner`](idem_consumer::Runner) decides what
+//! happens to each message, and the source carries it out at the broker:
+//!
+//! - **ack**: `basic.ack`.
+//! - **retry**: a copy (body, properties and headers kept, `idem-attempts`
+//!   updated) is published with publisher confirms to a retry queue
+//!   `<queue>.retry.<bucket>`, and only then is the original acked: a crash
+//!   in between duplicates the message, never loses it, and the guard
+//!   absorbs the duplicate. The copy carries the bucket's TTL
+//!   (`expiration`), and the retry queue dead-letters expired messages back
+//!   to the work queue. One queue per delay bucket (100 ms to 1 h, each at
+//!   most 2.5 times the one before), delays rounded up: RabbitMQ expires
+//!   messages only at a queue's head, and with one TTL per queue a short
+//!   retry is never held behind a long one. Delays over an hour share the
+//!   `<queue>.retry.long` queue, where that can happen.
+//! - **dead-letter**: a copy with `idem-key`, `idem-attempts` and
+//!   `idem-last-error` added is published to `<queue>.dead-letter` (or the
+//!   configured name), confirmed, then the original is acked.
+//! - **requeue** (shutdown): the message is republished to the work queue
+//!   with its count unchanged and acked, so that its redelivery does not
+//!   count an attempt (a `nack` with requeue would mark it redelivered);
+//!   `nack` with requeue is the fallback when republishing fails.
+//!
+//! When a republish is not confirmed (a retry or dead-letter queue was
+//! deleted, the broker refused it), the original is handed back with a
+//! `nack` after a one-second pause instead of staying unacked while the
+//! channel lives, and the queue is declared again on next use.
+//!
+//! # Attempts
+//!
+//! The handler attempt number is `idem-attempts + 1`, where the header
+//! counts attempts used: a retry after a handler failure adds one, a retry
+//! because the key is busy or the store is away does not.
+//!
+//! A consumer that dies mid-handler leaves its messages unacked, and the
+//! broker redelivers them. Classic queues only flag such a message
+//! `redelivered` (quorum queues count deliveries in `x-delivery-count`, but
+//! count a requeue at shutdown as well, and turning a queue into a quorum
+//! queue means deleting it). So the source keeps working queues as they are
+//! and turns the flag into a count: a delivery flagged `redelivered` is
+//! republished to the back of the work queue with `idem-attempts` one
+//! higher and acked, before any handler sees it. A poison message that
+//! kills the process each time therefore uses an attempt per crash and is
+//! dead-lettered after [`max_attempts`](idem_consumer::Runner::max_attempts).
+//! The count is an upper bound: a message the broker had sent ahead
+//! (prefetched) but no handler had started also counts one attempt when
+//! the connection is lost; [`AmqpSource::close`] hands such messages back
+//! without counting at a clean shutdown.
+//!
+//! # Connection loss
+//!
+//! When the connection or the consuming channel closes (a broker restart,
+//! `rabbitmqctl close_connection`, a network failure), the next fetch
+//! connects again, re-declares and resumes consuming; the runner calls
+//! fetch again with its backoff (100 ms doubling to 5 s) while that fails.
+//! Deliveries of the lost connection cannot be settled any more: settling
+//! them fails (the runner logs it), the broker redelivers them, and the
+//! guard acks the copies of those already handled as duplicates.
+//!
+//! RabbitMQ closes a channel whose delivery stays unacked longer than its
+//! `consumer_timeout` (30 minutes by default): handlers must finish sooner.
+//!
+//! ```no_run
+//! use idem_amqp::{AmqpConfig, AmqpSource};
+//! use idem_consumer::{HandlerError, Message, Runner};
+//! use idem_core::{Bytes, ClaimHandle, Guard, MemoryStore};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = AmqpConfig::from_url("amqp://guest:guest@127.0.0.1:5672/%2f?queue=orders")?
+//!     .concurrency(32);
+//! let source = AmqpSource::connect(config).await?;
+//! let handler = |message: Message, _claim: ClaimHandle| async move {
+//!     let _ = message.body;
+//!     Ok::<_, HandlerError>(Bytes::new())
+//! };
+//! Runner::new(Guard::new(MemoryStore::new()), source.clone(), handler)
+//!     .concurrency(32)
+//!     .run(CancellationToken::new())
+//!     .await?;
+//! source.close().await;
+//! # Ok(()) }
+//! ```
 #![deny(missing_docs)]
+
+mod config;
+mod delay;
+mod error;
+mod link;
+mod properties;
+mod publisher;
+mod source;
+
+pub use config::{AmqpConfig, ConfigError};
+pub use error::{ConnectError, PublishError};
+pub use publisher::AmqpPublisher;
+pub use source::{AmqpReceipt, AmqpSource};

@@ -56,10 +56,20 @@ const FORMS: &str = "give amqp://USER:PASS@HOST:PORT/VHOST?queue=NAME, \
 
 #[cfg(feature = "amqp")]
 async fn amqp(from: &str, job: Job) -> Result<Report, Failure> {
-    let _ = job;
-    Err(Failure::Run(format!(
-        "{from}: the amqp source is not wired yet"
-    )))
+    let mut config = idem_amqp::AmqpConfig::from_url(from)
+        .map_err(|e| bad("from", e.to_string()))?
+        .concurrency(job.concurrency)
+        .lease(job.lease);
+    if let Some(name) = &job.dead_letter {
+        config = config.dead_letter(name.clone());
+    }
+    let source = idem_amqp::AmqpSource::connect(config)
+        .await
+        .map_err(|e| Failure::Run(e.to_string()))?;
+    let report = job.run(source.clone()).await;
+    // Hands back what the broker sent ahead, without counting an attempt.
+    source.close().await;
+    report
 }
 
 #[cfg(feature = "jetstream")]

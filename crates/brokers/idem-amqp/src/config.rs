@@ -1,0 +1,258 @@
+//! What to connect to and how: parsed from an `amqp://` URL.
+
+use std::fmt;
+use std::time::Duration;
+
+use lapin::uri::AMQPUri;
+
+/// The URL form, quoted in every configuration error.
+const URL_FORM: &str = "amqp://USER:PASSWORD@HOST:5672/VHOST?queue=NAME \
+     (optional: dead_letter=NAME, heartbeat=SECONDS, connection_timeout=MS, \
+     frame_max=BYTES, channel_max=N, auth_mechanism=NAME; the default vhost `/` is `%2f`)";
+
+/// Where the source consumes, and how.
+///
+/// ```
+/// use idem_amqp::AmqpConfig;
+///
+/// let config = AmqpConfig::from_url("amqp://guest:guest@127.0.0.1:5672/%2f?queue=orders")?
+///     .concurrency(64);
+/// assert_eq!(config.queue(), "orders");
+/// assert_eq!(config.dead_letter_queue(), "orders.dead-letter");
+/// # Ok::<_, idem_amqp::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct AmqpConfig {
+    pub(crate) uri: AMQPUri,
+    pub(crate) queue: String,
+    pub(crate) dead_letter: Option<String>,
+    pub(crate) concurrency: usize,
+    pub(crate) lease: Duration,
+}
+
+impl AmqpConfig {
+    /// Parses `amqp[s]://USER:PASSWORD@HOST:PORT/VHOST?queue=NAME`.
+    ///
+    /// Query parameters: `queue` (required), `dead_letter` (default
+    /// `<queue>.dead-letter`), and the connection's own `heartbeat`,
+    /// `connection_timeout`, `frame_max`, `channel_max` and
+    /// `auth_mechanism`. Anything else is refused with the parameter's name.
+    pub fn from_url(url: &str) -> Result<Self, ConfigError> {
+        let parsed = url::Url::parse(url).map_err(|e| ConfigError::new(format!("{e}")))?;
+        if !matches!(parsed.scheme(), "amqp" | "amqps") {
+            return Err(ConfigError::new(format!(
+                "the scheme is `{}`, not amqp or amqps",
+                parsed.scheme()
+            )));
+        }
+        let mut queue = None;
+        let mut dead_letter = None;
+        let mut passed = url::form_urlencoded::Serializer::new(String::new());
+        for (name, value) in parsed.query_pairs() {
+            match &*name {
+                "queue" => queue = Some(value.into_owned()),
+                "dead_letter" => dead_letter = Some(value.into_owned()),
+                "heartbeat" | "connection_timeout" | "frame_max" | "channel_max"
+                | "auth_mechanism" => {
+                    passed.append_pair(&name, &value);
+                }
+                other => {
+                    return Err(ConfigError::new(format!(
+                        "unknown query parameter `{other}`"
+                    )));
+                }
+            }
+        }
+        let queue = match queue {
+            Some(q) if !q.is_empty() => q,
+            _ => return Err(ConfigError::new("the query parameter `queue` is missing")),
+        };
+        for name in std::iter::once(&queue).chain(dead_letter.as_ref()) {
+            check_queue_name(name)?;
+        }
+        // The URI parser takes hosts by domain name only (an IP address
+        // would become `localhost`), so the host is set from the URL here.
+        let mut base = parsed.clone();
+        let passed = passed.finish();
+        base.set_query((!passed.is_empty()).then_some(passed.as_str()));
+        let mut uri: AMQPUri = base
+            .as_str()
+            .parse()
+            .map_err(|e: String| ConfigError::new(e.replace(base.as_str(), "the URL")))?;
+        if let Some(host) = parsed.host_str() {
+            uri.authority.host = host.trim_start_matches('[').trim_end_matches(']').into();
+        }
+        Ok(Self {
+            uri,
+            queue,
+            dead_letter,
+            concurrency: 16,
+            lease: Duration::from_secs(30),
+        })
+    }
+
+    /// The dead-letter queue, in the same vhost (default
+    /// `<queue>.dead-letter`).
+    pub fn dead_letter(mut self, name: impl Into<String>) -> Self {
+        self.dead_letter = Some(name.into());
+        self
+    }
+
+    /// Messages held at once: the channel's prefetch (`basic.qos`); default
+    /// 16, between 1 and 65 535.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.clamp(1, usize::from(u16::MAX));
+        self
+    }
+
+    /// The guard's lease. RabbitMQ redelivers an unacked message only when
+    /// its channel closes, so the lease does not change what the source
+    /// does.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// The work queue.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// The dead-letter queue.
+    pub fn dead_letter_queue(&self) -> String {
+        self.dead_letter
+            .clone()
+            .unwrap_or_else(|| format!("{}.dead-letter", self.queue))
+    }
+
+    /// Every queue the source may declare: the work queue, the dead-letter
+    /// queue and the retry queues (to list or remove them).
+    pub fn queues(&self) -> Vec<String> {
+        let mut all = vec![self.queue.clone(), self.dead_letter_queue()];
+        all.extend(crate::delay::retry_queues(&self.queue));
+        all
+    }
+
+    /// Messages held at once.
+    pub fn concurrency_limit(&self) -> usize {
+        self.concurrency
+    }
+
+    /// `HOST:PORT`, for messages (never the password).
+    pub fn address(&self) -> String {
+        let host = &self.uri.authority.host;
+        let port = self.uri.authority.port;
+        if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        }
+    }
+
+    /// The virtual host.
+    pub fn vhost(&self) -> &str {
+        &self.uri.vhost
+    }
+
+    /// The user name the connection logs in with.
+    pub fn user(&self) -> &str {
+        &self.uri.authority.userinfo.username
+    }
+}
+
+impl fmt::Debug for AmqpConfig {
+    // The URI holds the password: show everything but it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AmqpConfig")
+            .field("address", &self.address())
+            .field("vhost", &self.vhost())
+            .field("user", &self.user())
+            .field("queue", &self.queue)
+            .field("dead_letter", &self.dead_letter_queue())
+            .field("concurrency", &self.concurrency)
+            .field("lease", &self.lease)
+            .finish()
+    }
+}
+
+fn check_queue_name(name: &str) -> Result<(), ConfigError> {
+    // Retry queues add up to 12 bytes (`.retry.long`) to the name; AMQP
+    // names are at most 255 bytes.
+    const LIMIT: usize = 255 - 12;
+    if name.is_empty() || name.len() > LIMIT {
+        return Err(ConfigError::new(format!(
+            "the queue name `{name}` is {} bytes; it must be 1 to {LIMIT}",
+            name.len()
+        )));
+    }
+    if name.starts_with("amq.") {
+        return Err(ConfigError::new(format!(
+            "the queue name `{name}` starts with `amq.`, which RabbitMQ reserves"
+        )));
+    }
+    Ok(())
+}
+
+/// An `amqp://` URL that cannot be used. The message says what is wrong and
+/// shows the URL form.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid AMQP source URL: {what}; expected {URL_FORM}")]
+pub struct ConfigError {
+    what: String,
+}
+
+impl ConfigError {
+    fn new(what: impl Into<String>) -> Self {
+        Self { what: what.into() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_with_a_queue_parses_with_its_address_vhost_and_defaults() {
+        let c = AmqpConfig::from_url(
+            "amqp://guest:secret@127.0.0.1:5673/%2f?queue=orders&heartbeat=10",
+        )
+        .unwrap();
+        assert_eq!(c.address(), "127.0.0.1:5673");
+        assert_eq!(c.vhost(), "/");
+        assert_eq!(c.user(), "guest");
+        assert_eq!(c.queue(), "orders");
+        assert_eq!(c.dead_letter_queue(), "orders.dead-letter");
+        let queues = c.queues();
+        assert_eq!(queues.len(), 2 + 17);
+        assert!(queues.contains(&"orders.retry.100ms".to_owned()));
+        assert!(queues.contains(&"orders.retry.long".to_owned()));
+        assert_eq!(c.uri.query.heartbeat, Some(10));
+        assert!(!format!("{c:?}").contains("secret"));
+        let c = c.dead_letter("parked").concurrency(0);
+        assert_eq!(c.dead_letter_queue(), "parked");
+        assert_eq!(c.concurrency_limit(), 1);
+    }
+
+    #[test]
+    fn missing_or_unknown_parameters_are_named_with_the_url_form() {
+        let e = AmqpConfig::from_url("amqp://127.0.0.1/%2f")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`queue` is missing") && e.contains("?queue=NAME"),
+            "{e}"
+        );
+        let e = AmqpConfig::from_url("amqp://127.0.0.1/%2f?queue=a&prefetch=3")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown query parameter `prefetch`"), "{e}");
+        let e = AmqpConfig::from_url("nats://127.0.0.1?queue=a")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("scheme is `nats`"), "{e}");
+        let e = AmqpConfig::from_url("amqp://127.0.0.1/%2f?queue=amq.x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("reserves"), "{e}");
+    }
+}

@@ -1,0 +1,181 @@
+//! One connection to RabbitMQ: its publishing channel (confirms on) and the
+//! queues declared on it.
+
+use std::collections::HashSet;
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use parking_lot::Mutex;
+
+use crate::delay::RetryRoute;
+use crate::{AmqpConfig, ConnectError};
+
+/// A connection and its publishing channel. Deliveries keep the link they
+/// came from: once it is closed, settling them fails and the broker
+/// redelivers them.
+pub(crate) struct Link {
+    pub(crate) connection: Connection,
+    pub(crate) publish: Channel,
+    pub(crate) config: AmqpConfig,
+    /// The dead-letter and retry queues declared on this connection; a
+    /// queue is forgotten when a publish to it fails, so the next use
+    /// declares it again (someone may have deleted it).
+    declared: Mutex<HashSet<String>>,
+}
+
+impl Link {
+    /// Connects and opens the publishing channel; `role` names the
+    /// connection in RabbitMQ's connection list.
+    pub(crate) async fn open(config: &AmqpConfig, role: &str) -> Result<Self, ConnectError> {
+        let props = ConnectionProperties::default()
+            .with_connection_name(format!("idem-amqp {role} {}", config.queue()).into());
+        let connection = Connection::connect_uri(config.uri.clone(), props)
+            .await
+            .map_err(|e| ConnectError::from_lapin(config, "connecting", None, &e))?;
+        let publish = connection
+            .create_channel()
+            .await
+            .map_err(|e| ConnectError::from_lapin(config, "opening a channel", None, &e))?;
+        publish
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| {
+                ConnectError::from_lapin(config, "enabling publisher confirms", None, &e)
+            })?;
+        Ok(Self {
+            connection,
+            publish,
+            config: config.clone(),
+            declared: Mutex::default(),
+        })
+    }
+
+    /// Whether the connection and its publishing channel are still open.
+    pub(crate) fn is_open(&self) -> bool {
+        self.connection.status().connected() && self.publish.status().connected()
+    }
+
+    /// Makes sure the work queue exists: one that exists is used as it is
+    /// (whatever its arguments: classic, quorum, with a length limit);
+    /// a missing one is declared durable.
+    pub(crate) async fn declare_work_queue(&self) -> Result<(), ConnectError> {
+        let queue = self.config.queue();
+        let check = self.channel(queue).await?;
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        // A failed passive declare closes its channel, so it gets one of its own.
+        let exists = check
+            .queue_declare(queue.into(), passive, FieldTable::default())
+            .await
+            .is_ok();
+        let _ = check.close(200, "OK".into()).await;
+        if !exists {
+            self.declare(queue, FieldTable::default()).await?;
+        }
+        Ok(())
+    }
+
+    /// The dead-letter queue, declared unless this connection did already.
+    pub(crate) async fn dead_letter_queue(&self) -> Result<String, ConnectError> {
+        let name = self.config.dead_letter_queue();
+        self.ensure(&name, FieldTable::default()).await?;
+        Ok(name)
+    }
+
+    /// The retry queue for `route`, declared on first use: its expired
+    /// messages go back to the work queue.
+    pub(crate) async fn retry_queue(&self, route: &RetryRoute) -> Result<String, ConnectError> {
+        let queue = self.config.queue();
+        let name = route.queue(queue);
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString(LongString::from("")),
+        );
+        args.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(LongString::from(queue)),
+        );
+        self.ensure(&name, args).await?;
+        Ok(name)
+    }
+
+    async fn ensure(&self, queue: &str, args: FieldTable) -> Result<(), ConnectError> {
+        if self.declared.lock().contains(queue) {
+            return Ok(());
+        }
+        self.declare(queue, args).await?;
+        self.declared.lock().insert(queue.to_owned());
+        Ok(())
+    }
+
+    /// Declares `queue` durable with `args`, on a channel of its own (a
+    /// refused declare closes the channel).
+    async fn declare(&self, queue: &str, args: FieldTable) -> Result<(), ConnectError> {
+        let channel = self.channel(queue).await?;
+        let r = channel
+            .queue_declare(queue.into(), QueueDeclareOptions::durable(), args)
+            .await;
+        let _ = channel.close(200, "OK".into()).await;
+        r.map(drop).map_err(|e| {
+            ConnectError::from_lapin(
+                &self.config,
+                &format!("declaring queue `{queue}`"),
+                Some(queue),
+                &e,
+            )
+        })
+    }
+
+    async fn channel(&self, queue: &str) -> Result<Channel, ConnectError> {
+        self.connection.create_channel().await.map_err(|e| {
+            ConnectError::from_lapin(
+                &self.config,
+                &format!("opening a channel to declare `{queue}`"),
+                None,
+                &e,
+            )
+        })
+    }
+
+    /// Publishes to `queue` through the default exchange and waits for the
+    /// broker's confirmation; a message that no queue took is an error.
+    pub(crate) async fn publish(
+        &self,
+        queue: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> Result<(), String> {
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..BasicPublishOptions::default()
+        };
+        let confirmation = self
+            .publish
+            .basic_publish(ShortString::from(""), queue.into(), options, body, props)
+            .await
+            .map_err(|e| e.to_string())?
+            .await
+            .map_err(|e| e.to_string())?;
+        let refused = if confirmation.is_nack() {
+            Some("the broker refused the message (nack)".to_owned())
+        } else {
+            confirmation.take_message().map(|returned| {
+                format!(
+                    "no queue took the message ({}); does `{queue}` exist?",
+                    returned.reply_text
+                )
+            })
+        };
+        match refused {
+            Some(why) => {
+                self.declared.lock().remove(queue);
+                Err(why)
+            }
+            None => Ok(()),
+        }
+    }
+}

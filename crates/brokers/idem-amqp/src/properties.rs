@@ -1,0 +1,138 @@
+//! AMQP properties and headers: read into a [`Message`](idem_consumer::Message),
+//! and copied onto republished messages.
+
+use bytes::Bytes;
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+
+/// The header carrying how many handler attempts a message has used.
+pub(crate) const ATTEMPTS: &str = "idem-attempts";
+
+/// The headers as name and bytes: strings as they are, numbers and booleans
+/// as decimal text; arrays and tables (such as RabbitMQ's `x-death`) are
+/// left out.
+pub(crate) fn headers_of(props: &BasicProperties) -> Vec<(String, Bytes)> {
+    let Some(table) = props.headers() else {
+        return Vec::new();
+    };
+    table
+        .inner()
+        .iter()
+        .filter_map(|(name, value)| Some((name.to_string(), scalar(value)?)))
+        .collect()
+}
+
+fn scalar(value: &AMQPValue) -> Option<Bytes> {
+    let text = match value {
+        AMQPValue::LongString(s) => return Some(Bytes::copy_from_slice(s.as_bytes())),
+        AMQPValue::ShortString(s) => return Some(Bytes::copy_from_slice(s.as_str().as_bytes())),
+        AMQPValue::ByteArray(b) => return Some(Bytes::copy_from_slice(b.as_slice())),
+        AMQPValue::Boolean(b) => b.to_string(),
+        AMQPValue::ShortShortInt(n) => n.to_string(),
+        AMQPValue::ShortShortUInt(n) => n.to_string(),
+        AMQPValue::ShortInt(n) => n.to_string(),
+        AMQPValue::ShortUInt(n) => n.to_string(),
+        AMQPValue::LongInt(n) => n.to_string(),
+        AMQPValue::LongUInt(n) => n.to_string(),
+        AMQPValue::LongLongInt(n) => n.to_string(),
+        AMQPValue::Float(n) => n.to_string(),
+        AMQPValue::Double(n) => n.to_string(),
+        AMQPValue::Timestamp(n) => n.to_string(),
+        _ => return None,
+    };
+    Some(Bytes::from(text))
+}
+
+/// Handler attempts used so far, from the `idem-attempts` header (0 when
+/// absent or unreadable).
+pub(crate) fn attempts_made(props: &BasicProperties) -> u32 {
+    props
+        .headers()
+        .as_ref()
+        .and_then(|t| t.inner().get(ATTEMPTS))
+        .and_then(scalar)
+        .and_then(|b| std::str::from_utf8(&b).ok()?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A copy of `props` for republishing: every property kept except the
+/// expiration (replaced by `expiration`, or dropped so that a parked or
+/// requeued copy does not expire), with `set` headers added or replaced.
+pub(crate) fn republished(
+    props: &BasicProperties,
+    set: &[(&str, String)],
+    expiration: Option<String>,
+) -> BasicProperties {
+    let mut headers = props.headers().clone().unwrap_or_default();
+    for (name, value) in set {
+        headers.insert(
+            ShortString::from(*name),
+            AMQPValue::LongString(LongString::from(value.as_bytes())),
+        );
+    }
+    let mut out = BasicProperties::default().with_headers(headers);
+    macro_rules! keep {
+        ($($get:ident => $with:ident),* $(,)?) => {
+            $(if let Some(v) = props.$get() { out = out.$with(v.clone()); })*
+        };
+    }
+    keep!(
+        content_type => with_content_type,
+        content_encoding => with_content_encoding,
+        delivery_mode => with_delivery_mode,
+        priority => with_priority,
+        correlation_id => with_correlation_id,
+        reply_to => with_reply_to,
+        message_id => with_message_id,
+        timestamp => with_timestamp,
+        kind => with_type,
+        user_id => with_user_id,
+        app_id => with_app_id,
+        cluster_id => with_cluster_id,
+    );
+    if let Some(e) = expiration {
+        out = out.with_expiration(e.into());
+    }
+    out
+}
+
+/// Headers for a fresh publish.
+pub(crate) fn table(headers: &[(String, Bytes)]) -> FieldTable {
+    let mut t = FieldTable::default();
+    for (name, value) in headers {
+        t.insert(
+            ShortString::from(name.as_str()),
+            AMQPValue::LongString(LongString::from(value.to_vec())),
+        );
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_republished_copy_keeps_properties_and_headers_and_replaces_the_expiration() {
+        let mut h = FieldTable::default();
+        h.insert("tenant".into(), AMQPValue::LongString("acme".into()));
+        h.insert(ATTEMPTS.into(), AMQPValue::LongLongInt(2));
+        let props = BasicProperties::default()
+            .with_headers(h)
+            .with_message_id("m1".into())
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2)
+            .with_expiration("60000".into());
+        assert_eq!(attempts_made(&props), 2);
+        let copy = republished(&props, &[(ATTEMPTS, "3".into())], None);
+        assert_eq!(copy.message_id().as_ref().unwrap().as_str(), "m1");
+        assert_eq!(copy.delivery_mode(), &Some(2));
+        assert_eq!(copy.expiration(), &None);
+        assert_eq!(attempts_made(&copy), 3);
+        let headers = headers_of(&copy);
+        assert!(headers.contains(&("tenant".into(), Bytes::from_static(b"acme"))));
+        let delayed = republished(&props, &[], Some("500".into()));
+        assert_eq!(delayed.expiration().as_ref().unwrap().as_str(), "500");
+        assert_eq!(attempts_made(&delayed), 2);
+    }
+}

@@ -1,0 +1,104 @@
+//! The publish helper and the errors a misconfigured source reports.
+
+mod support;
+
+use idem_amqp::{AmqpConfig, AmqpPublisher, AmqpSource, ConnectError};
+use lapin::options::QueueDeclareOptions;
+use lapin::types::{AMQPValue, FieldTable};
+use support::{Inspect, broker, config, message, unique};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmed_publish_carries_the_message_id_content_type_and_headers() {
+    let Some(url) = broker().await else { return };
+    let queue = unique("publish");
+    let publisher = AmqpPublisher::connect(&config(&url, &queue)).await.unwrap();
+    let mut m = message("order-1");
+    m.headers.push(("tenant".into(), "acme".into()));
+    publisher.publish(&m).await.unwrap();
+    // Confirmed means the broker has it: visible at once.
+    let inspect = Inspect::new(&url).await;
+    assert_eq!(inspect.ready(&queue).await, 1);
+    let got = inspect
+        .get(&queue)
+        .await
+        .expect("the message is in the queue");
+    let props = &got.delivery.properties;
+    assert_eq!(props.message_id().as_ref().unwrap().as_str(), "order-1");
+    assert_eq!(
+        props.content_type().as_ref().unwrap().as_str(),
+        "application/json"
+    );
+    assert_eq!(props.delivery_mode(), &Some(2), "persistent");
+    let headers = props.headers().as_ref().unwrap();
+    assert!(
+        matches!(headers.inner().get("tenant"), Some(AMQPValue::LongString(s)) if s.as_bytes() == b"acme")
+    );
+    assert_eq!(got.delivery.data, m.body.to_vec());
+    publisher.close().await;
+    inspect.delete(&queue).await;
+    inspect.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_broker_is_named_by_address_without_the_password() {
+    // Nothing listens on port 1.
+    let config = AmqpConfig::from_url("amqp://guest:s3cret@127.0.0.1:1/%2f?queue=orders").unwrap();
+    let e = AmqpSource::connect(config)
+        .await
+        .err()
+        .expect("no broker there");
+    let text = e.to_string();
+    assert!(matches!(e, ConnectError::Unreachable { .. }), "{e:?}");
+    assert!(text.contains("unreachable at 127.0.0.1:1"), "{text}");
+    assert!(!text.contains("s3cret"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_reported_as_access_refused() {
+    let Some(url) = broker().await else { return };
+    let mut parsed = url::Url::parse(&url).unwrap();
+    parsed.set_password(Some("not-the-password")).unwrap();
+    let e = AmqpSource::connect(config(parsed.as_str(), "orders"))
+        .await
+        .err()
+        .expect("refused");
+    let text = e.to_string();
+    assert!(
+        matches!(e, ConnectError::AccessRefused { .. }),
+        "{e:?}: {text}"
+    );
+    assert!(!text.contains("not-the-password"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_queue_declared_with_other_arguments_is_named_with_the_fix() {
+    let Some(url) = broker().await else { return };
+    let queue = unique("args");
+    let inspect = Inspect::new(&url).await;
+    {
+        let c = lapin::Connection::connect(&url, Default::default())
+            .await
+            .unwrap();
+        let ch = c.create_channel().await.unwrap();
+        let mut args = FieldTable::default();
+        args.insert("x-max-length".into(), AMQPValue::LongLongInt(10));
+        ch.queue_declare(
+            format!("{queue}.dead-letter").as_str().into(),
+            QueueDeclareOptions::durable(),
+            args,
+        )
+        .await
+        .unwrap();
+        let _ = c.close(200, "OK".into()).await;
+    }
+    let e = AmqpSource::connect(config(&url, &queue))
+        .await
+        .err()
+        .expect("refused");
+    let text = e.to_string();
+    assert!(matches!(e, ConnectError::QueueArguments { .. }), "{e:?}");
+    assert!(text.contains(&format!("`{queue}.dead-letter`")), "{text}");
+    assert!(text.contains("delete it"), "{text}");
+    inspect.delete(&queue).await;
+    inspect.close().await;
+}
