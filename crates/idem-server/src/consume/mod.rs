@@ -264,8 +264,6 @@ pub async fn run(args: ConsumeArgs) -> Result<(), Failure> {
 }
 
 /// Everything but the source: what each source's arm hands its source to.
-// Each broker's arm in `sources` calls `run` once its source is wired.
-#[allow(dead_code)]
 pub struct Job {
     guard: Guard<SharedStore>,
     handler: HttpHandler,
@@ -286,7 +284,6 @@ pub struct Job {
     shutdown: CancellationToken,
 }
 
-#[allow(dead_code)]
 impl Job {
     /// Runs the runner on `source` until shutdown.
     pub async fn run<S: Source>(self, source: S) -> Result<Report, Failure> {
