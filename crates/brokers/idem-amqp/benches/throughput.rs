@@ -100,7 +100,8 @@ async fn delete_queues(url: &str, queue: &str) {
     let _ = conn.close(200, "OK".into()).await;
 }
 
-/// (a) lapin alone: consume with prefetch, ack each after a no-op handler.
+/// (a) lapin alone: consume with prefetch, ack each after a no-op handler,
+/// up to the prefetch at once.
 async fn bare(url: &str, queue: &str, n: usize, concurrency: usize) -> Outcome {
     let conn = Connection::connect(url, ConnectionProperties::default())
         .await
@@ -118,15 +119,24 @@ async fn bare(url: &str, queue: &str, n: usize, concurrency: usize) -> Outcome {
         )
         .await
         .unwrap();
-    let mut latencies = Vec::with_capacity(n);
+    // Acks go out concurrently, up to the prefetch, as the runner's do.
+    let latencies = Arc::new(Mutex::new(Vec::with_capacity(n)));
     let started = Instant::now();
-    while latencies.len() < n {
-        let d = consumer.next().await.unwrap().unwrap();
-        let got = Instant::now();
-        std::hint::black_box(&d.data);
-        d.ack(BasicAckOptions::default()).await.unwrap();
-        latencies.push(got.elapsed());
-    }
+    consumer
+        .by_ref()
+        .take(n)
+        .for_each_concurrent(concurrency, |d| {
+            let latencies = latencies.clone();
+            async move {
+                let d = d.unwrap();
+                let got = Instant::now();
+                std::hint::black_box(&d.data);
+                d.ack(BasicAckOptions::default()).await.unwrap();
+                latencies.lock().push(got.elapsed());
+            }
+        })
+        .await;
+    let latencies = std::mem::take(&mut *latencies.lock());
     let per_second = n as f64 / started.elapsed().as_secs_f64();
     let _ = conn.close(200, "OK".into()).await;
     Outcome {
