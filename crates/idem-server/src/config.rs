@@ -81,7 +81,7 @@ pub struct StoreArgs {
     /// [default: 86400000, 24 h].
     #[arg(long, env = "IDEM_DEFAULT_RETENTION_MS", value_name = "MS")]
     pub default_retention_ms: Option<u64>,
-    /// Log filter, e.g. `info` or `idem=debug` [default: info,fjall=warn,lsm_tree=warn].
+    /// Log filter, e.g. `info` or `idem=debug` [default: info,fjall=warn,lsm_tree=warn,async_nats=warn].
     #[arg(long, env = "IDEM_LOG", value_name = "FILTER")]
     pub log: Option<String>,
 }
@@ -325,7 +325,7 @@ pub fn resolve_store(args: StoreArgs, file: &FileSettings) -> Result<StoreSettin
         log: args
             .log
             .or(file.log.clone())
-            .unwrap_or_else(|| "info,fjall=warn,lsm_tree=warn".to_owned()),
+            .unwrap_or_else(|| "info,fjall=warn,lsm_tree=warn,async_nats=warn".to_owned()),
     })
 }
 
