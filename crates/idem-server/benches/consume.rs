@@ -124,20 +124,30 @@ async fn amqp(n: usize, redis: &str) -> Row {
     let (url, source) = prepare(&unique("bench-redis")).await;
     source.close().await;
     let redis = sidecar(&url, redis, n).await;
-    Row { broker: "RabbitMQ", bare, memory, redis }
+    Row {
+        broker: "RabbitMQ",
+        bare,
+        memory,
+        redis,
+    }
 }
 
 async fn nats(n: usize, redis: &str) -> Row {
     use idem_jetstream::{JetStreamConfig, JetStreamPublisher, JetStreamSource};
-    let server = std::env::var("IDEM_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let server =
+        std::env::var("IDEM_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     let prepare = async |name: &str| {
         let subject = name.to_lowercase().replace('-', "_");
         let url = format!(
             "{server}?stream={}&consumer=idem&subject={subject}.>",
             name.to_uppercase().replace('-', "_")
         );
-        let config = JetStreamConfig::from_url(&url).unwrap().concurrency(CONCURRENCY);
-        let source = JetStreamSource::connect(config).await.expect("NATS JetStream");
+        let config = JetStreamConfig::from_url(&url)
+            .unwrap()
+            .concurrency(CONCURRENCY);
+        let source = JetStreamSource::connect(config)
+            .await
+            .expect("NATS JetStream");
         let publisher = JetStreamPublisher::connect(&server).await.unwrap();
         let subject = format!("{subject}.new");
         futures_util::stream::iter(messages(n))
@@ -159,15 +169,24 @@ async fn nats(n: usize, redis: &str) -> Row {
     let memory = sidecar(&url, "memory://", n).await;
     let (url, _) = prepare(&unique("bench-redis")).await;
     let redis = sidecar(&url, redis, n).await;
-    Row { broker: "NATS JetStream", bare, memory, redis }
+    Row {
+        broker: "NATS JetStream",
+        bare,
+        memory,
+        redis,
+    }
 }
 
 async fn redis_streams(n: usize, redis: &str) -> Row {
     use idem_redis_streams::{RedisStreamConfig, RedisStreamPublisher, RedisStreamSource};
     let prepare = async |name: &str| {
         let url = format!("{redis}?stream={name}&group=idem");
-        let config = RedisStreamConfig::from_url(&url).unwrap().concurrency(CONCURRENCY);
-        let source = RedisStreamSource::connect(config.clone()).await.expect("Redis");
+        let config = RedisStreamConfig::from_url(&url)
+            .unwrap()
+            .concurrency(CONCURRENCY);
+        let source = RedisStreamSource::connect(config.clone())
+            .await
+            .expect("Redis");
         let publisher = RedisStreamPublisher::connect(&config).await.unwrap();
         futures_util::stream::iter(messages(n))
             .for_each_concurrent(256, |m| {
@@ -185,7 +204,12 @@ async fn redis_streams(n: usize, redis: &str) -> Row {
     let memory = sidecar(&url, "memory://", n).await;
     let (url, _) = prepare(&unique("bench-redis")).await;
     let redis_rate = sidecar(&url, redis, n).await;
-    Row { broker: "Redis Streams", bare, memory, redis: redis_rate }
+    Row {
+        broker: "Redis Streams",
+        bare,
+        memory,
+        redis: redis_rate,
+    }
 }
 
 fn main() {
@@ -193,7 +217,8 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20_000);
-    let redis = std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let redis =
+        std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -13,7 +13,11 @@ use tokio_util::sync::CancellationToken;
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let config = RedisStreamConfig::from_url("redis://127.0.0.1:6379?stream=orders&group=idem")?;
     let source = RedisStreamSource::connect(config).await?;
-    let guard = Guard::new(RedisStore::builder("redis://127.0.0.1:6379").connect().await?);
+    let guard = Guard::new(
+        RedisStore::builder("redis://127.0.0.1:6379")
+            .connect()
+            .await?,
+    );
     let handler = |message: Message, claim: ClaimHandle| async move {
         // Apply the order once; hand claim.token() to a sink that checks it.
         println!("order {:?}, token {:?}", message.key, claim.token());
@@ -25,7 +29,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let _ = tokio::signal::ctrl_c().await;
         on_signal.cancel();
     });
-    let report = Runner::new(guard, source, handler).concurrency(32).run(stop).await?;
+    let report = Runner::new(guard, source, handler)
+        .concurrency(32)
+        .run(stop)
+        .await?;
     println!("{report:?}");
     Ok(())
 }
