@@ -8,8 +8,8 @@ use idem_core::BoxError;
 use crate::Delivery;
 
 /// A broker seen through the verbs the runner needs. Each adapter (RabbitMQ,
-/// NATS JetStream, Redis Streams, Kafka) implements it; [`MemorySource`]
-/// (crate::MemorySource) is one in memory, for tests.
+/// NATS JetStream, Redis Streams, Kafka) implements it; [`MemorySource`](crate::MemorySource)
+/// is one in memory, for tests.
 ///
 /// Every verb that settles a delivery takes it by value: a delivery is acked,
 /// retried, dead-lettered or handed back exactly once. A delivery the runner

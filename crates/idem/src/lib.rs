@@ -7,9 +7,9 @@
 //! - `file` (default): [`FileStore`], the embedded durable store;
 //! - `redis`: `RedisStore`, on standalone Redis or Redis Cluster, and its
 //!   distributed `Lock` (watchdog, fencing tokens, fair waiting);
-//! - `consumer`: the broker-independent consumer runner, as [`consumer`];
+//! - `consumer`: the broker-independent consumer runner, as `idem::consumer`;
 //!   `amqp`, `jetstream` and `redis-streams` add each broker's source, as
-//!   [`amqp`], [`jetstream`] and [`redis_streams`].
+//!   `idem::amqp`, `idem::jetstream` and `idem::redis_streams`.
 //!
 //! ```no_run
 //! use idem::{FileStore, Guard, Key, Lease};
