@@ -1,13 +1,10 @@
 //! idem's SQL stores: the record in PostgreSQL or MySQL/MariaDB
-//! (docs/contract.md §1–§2), with the database's clock deciding leases and
-//! expiry, tables hash-sharded by key, and an expiry sweeper.
+//! (docs/contract.md §1–§2), in tables hash-sharded by key.
+//!
+//! This crate now holds what both stores share: table names from a checked
+//! prefix, and the stable hash that picks a key's shard.
 #![deny(missing_docs)]
 
 mod table;
 
-#[cfg(feature = "mysql")]
-pub mod mysql;
-#[cfg(feature = "postgres")]
-pub mod postgres;
-
-pub use table::{InvalidTable, Tables};
+pub use table::{InvalidTable, MAX_PREFIX_BYTES, MAX_SHARDS, TableName, Tables};

@@ -1,1 +1,0 @@
-//! The MySQL and MariaDB store.
