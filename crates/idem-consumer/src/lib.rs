@@ -47,6 +47,7 @@ mod memory;
 mod message;
 mod runner;
 mod source;
+mod timed;
 
 pub use backoff::Backoff;
 pub use handler::{Handler, HandlerError};
@@ -55,3 +56,4 @@ pub use memory::MemorySource;
 pub use message::{Delivery, Message};
 pub use runner::{Report, RunError, Runner};
 pub use source::{DeadLetter, RetryReason, Source, SourceError};
+pub use timed::{AckTimes, Timed};

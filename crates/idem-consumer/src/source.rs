@@ -75,12 +75,13 @@ pub trait Source: Send + Sync + 'static {
         None
     }
 
-    /// Tells the broker the message is still being worked on.
+    /// Tells the broker the message with this receipt is still being
+    /// worked on.
     fn keep_alive(
         &self,
-        delivery: &Delivery<Self::Receipt>,
+        receipt: &Self::Receipt,
     ) -> impl Future<Output = Result<(), SourceError>> + Send {
-        let _ = delivery;
+        let _ = receipt;
         async { Ok(()) }
     }
 }

@@ -514,3 +514,37 @@ async fn a_redelivery_after_a_crash_mid_handler_runs_once_the_lease_ends() {
     );
     assert_eq!(report.handled, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_source_records_one_latency_per_ack() {
+    let source = MemorySource::new("orders");
+    for i in 0..20 {
+        source.push(message(&format!("m-{i}")));
+    }
+    source.push(message("m-0"));
+    let timed = idem_consumer::Timed::new(source.clone());
+    let times = timed.times();
+    let handler = |_m: Message, _c: ClaimHandle| async {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        Ok::<_, HandlerError>(Bytes::new())
+    };
+    let stop = CancellationToken::new();
+    let run =
+        tokio::spawn(Runner::new(Guard::new(MemoryStore::new()), timed, handler).run(stop.clone()));
+    tokio::time::timeout(Duration::from_secs(10), times.wait_for(21))
+        .await
+        .expect("every message acked");
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    let latencies = times.latencies();
+    assert_eq!(latencies.len(), 21, "handled and duplicate acks alike");
+    assert!(
+        latencies
+            .iter()
+            .filter(|l| **l >= Duration::from_millis(5))
+            .count()
+            >= 20,
+        "each handled message waited for its handler: {latencies:?}"
+    );
+    assert_eq!(source.acked().len(), 21);
+}

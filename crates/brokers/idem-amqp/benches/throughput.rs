@@ -8,14 +8,11 @@
 //! IDEM_TEST_REDIS_URL change the defaults).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use idem_amqp::{AmqpConfig, AmqpSource};
-use idem_consumer::{
-    DeadLetter, Delivery, HandlerError, Message, RetryReason, Runner, Source, SourceError,
-};
+use idem_consumer::{HandlerError, Message, Runner, Timed};
 use idem_core::{Bytes, ClaimHandle, Guard, MemoryStore, Store};
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
@@ -145,86 +142,6 @@ async fn bare(url: &str, queue: &str, n: usize, concurrency: usize) -> Outcome {
     }
 }
 
-/// The source, timing each delivery from fetch to its settle completing.
-struct Timed {
-    inner: AmqpSource,
-    latencies: Arc<Mutex<Vec<Duration>>>,
-    settled: Arc<AtomicUsize>,
-}
-
-impl Timed {
-    fn done(&self, since: Instant) {
-        self.latencies.lock().push(since.elapsed());
-        self.settled.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-type Inner = <AmqpSource as Source>::Receipt;
-
-fn unwrap(d: Delivery<(Instant, Inner)>) -> (Instant, Delivery<Inner>) {
-    let (at, receipt) = d.receipt;
-    (
-        at,
-        Delivery {
-            message: d.message,
-            receipt,
-        },
-    )
-}
-
-impl Source for Timed {
-    type Receipt = (Instant, Inner);
-
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    async fn fetch(&self, max: usize) -> Result<Vec<Delivery<Self::Receipt>>, SourceError> {
-        let got = self.inner.fetch(max).await?;
-        let at = Instant::now();
-        Ok(got
-            .into_iter()
-            .map(|d| Delivery {
-                message: d.message,
-                receipt: (at, d.receipt),
-            })
-            .collect())
-    }
-
-    async fn ack(&self, d: Delivery<Self::Receipt>) -> Result<(), SourceError> {
-        let (at, d) = unwrap(d);
-        let r = self.inner.ack(d).await;
-        self.done(at);
-        r
-    }
-
-    async fn retry(
-        &self,
-        d: Delivery<Self::Receipt>,
-        delay: Duration,
-        reason: RetryReason,
-    ) -> Result<(), SourceError> {
-        let (_, d) = unwrap(d);
-        self.inner.retry(d, delay, reason).await
-    }
-
-    async fn dead_letter(
-        &self,
-        d: Delivery<Self::Receipt>,
-        why: DeadLetter,
-    ) -> Result<(), SourceError> {
-        let (at, d) = unwrap(d);
-        let r = self.inner.dead_letter(d, why).await;
-        self.done(at);
-        r
-    }
-
-    async fn requeue(&self, d: Delivery<Self::Receipt>) -> Result<(), SourceError> {
-        let (_, d) = unwrap(d);
-        self.inner.requeue(d).await
-    }
-}
-
 /// (b)–(d) the runner with `store`.
 async fn runner<S: Store + Clone>(
     url: &str,
@@ -237,13 +154,8 @@ async fn runner<S: Store + Clone>(
         .unwrap()
         .concurrency(concurrency);
     let amqp = AmqpSource::connect(config).await.unwrap();
-    let latencies = Arc::new(Mutex::new(Vec::with_capacity(n)));
-    let settled = Arc::new(AtomicUsize::new(0));
-    let source = Timed {
-        inner: amqp.clone(),
-        latencies: latencies.clone(),
-        settled: settled.clone(),
-    };
+    let source = Timed::new(amqp.clone());
+    let times = source.times();
     let handler = |m: Message, _c: ClaimHandle| async move {
         std::hint::black_box(&m.body);
         Ok::<_, HandlerError>(Bytes::new())
@@ -255,18 +167,15 @@ async fn runner<S: Store + Clone>(
             .concurrency(concurrency)
             .run(stop.clone()),
     );
-    while settled.load(Ordering::Relaxed) < n {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    times.wait_for(n).await;
     let per_second = n as f64 / started.elapsed().as_secs_f64();
     stop.cancel();
     let report = task.await.unwrap().unwrap();
     assert_eq!(report.handled, n as u64, "{report:?}");
     amqp.close().await;
-    let latencies = latencies.lock().clone();
     Outcome {
         per_second,
-        latencies,
+        latencies: times.latencies(),
     }
 }
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use futures_util::StreamExt;
-use idem_consumer::{Delivery, HandlerError, RetryReason, Runner, Source, SourceError};
+use idem_consumer::{HandlerError, Runner, Timed};
 use idem_core::{Bytes, ClaimHandle, Guard, Store};
 use idem_jetstream::{JetStreamConfig, JetStreamSource};
 use parking_lot::Mutex;
@@ -46,70 +46,6 @@ impl Clock {
     }
 }
 
-/// A source that times each message from fetch to confirmed ack.
-struct Timed {
-    inner: JetStreamSource,
-    clock: Arc<Clock>,
-    total: usize,
-}
-
-fn untimed<R>(d: Delivery<(Instant, R)>) -> Delivery<R> {
-    Delivery {
-        message: d.message,
-        receipt: d.receipt.1,
-    }
-}
-
-impl Source for Timed {
-    type Receipt = (Instant, idem_jetstream::Receipt);
-
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    async fn fetch(&self, max: usize) -> Result<Vec<Delivery<Self::Receipt>>, SourceError> {
-        let fetched = self.inner.fetch(max).await?;
-        let now = Instant::now();
-        Ok(fetched
-            .into_iter()
-            .map(|d| Delivery {
-                message: d.message,
-                receipt: (now, d.receipt),
-            })
-            .collect())
-    }
-
-    async fn ack(&self, d: Delivery<Self::Receipt>) -> Result<(), SourceError> {
-        let taken = d.receipt.0;
-        self.inner.ack(untimed(d)).await?;
-        self.clock.acked(taken, self.total);
-        Ok(())
-    }
-
-    async fn retry(
-        &self,
-        d: Delivery<Self::Receipt>,
-        delay: Duration,
-        reason: RetryReason,
-    ) -> Result<(), SourceError> {
-        self.inner.retry(untimed(d), delay, reason).await
-    }
-
-    async fn dead_letter(
-        &self,
-        d: Delivery<Self::Receipt>,
-        why: idem_consumer::DeadLetter,
-    ) -> Result<(), SourceError> {
-        self.inner.dead_letter(untimed(d), why).await
-    }
-
-    async fn requeue(&self, d: Delivery<Self::Receipt>) -> Result<(), SourceError> {
-        self.inner.requeue(untimed(d)).await
-    }
-
-    // No keep-alive: a no-op handler ends well within AckWait.
-}
-
 struct Row {
     name: &'static str,
     rate: f64,
@@ -117,8 +53,7 @@ struct Row {
     p99: Duration,
 }
 
-fn row(name: &'static str, n: usize, elapsed: Duration, clock: &Clock) -> Row {
-    let mut l = clock.latencies.lock().clone();
+fn row(name: &'static str, n: usize, elapsed: Duration, mut l: Vec<Duration>) -> Row {
     l.sort();
     let at = |q: f64| l[((l.len() as f64 * q) as usize).min(l.len() - 1)];
     Row {
@@ -215,7 +150,8 @@ async fn bare(js: &jetstream::Context, url: &str, n: usize, concurrency: usize) 
     let elapsed = started.elapsed();
     let _ = js.delete_stream(&stream).await;
     let _ = js.delete_stream(format!("{stream}_dead-letter")).await;
-    row("bare async-nats pull consumer", n, elapsed, &clock)
+    let latencies = clock.latencies.lock().clone();
+    row("bare async-nats pull consumer", n, elapsed, latencies)
 }
 
 async fn through_runner<S: Store + Clone>(
@@ -235,12 +171,8 @@ async fn through_runner<S: Store + Clone>(
     )
     .await
     .unwrap();
-    let clock = Arc::new(Clock::default());
-    let source = Timed {
-        inner,
-        clock: clock.clone(),
-        total: n,
-    };
+    let source = Timed::new(inner);
+    let times = source.times();
     let handler = |m: idem_consumer::Message, _claim: ClaimHandle| async move {
         std::hint::black_box(&m.body);
         Ok::<_, HandlerError>(Bytes::new())
@@ -253,14 +185,14 @@ async fn through_runner<S: Store + Clone>(
             .concurrency(concurrency)
             .run(shutdown.clone()),
     );
-    clock.all_acked.notified().await;
+    times.wait_for(n).await;
     let elapsed = started.elapsed();
     shutdown.cancel();
     let report = run.await.unwrap().unwrap();
     assert_eq!(report.handled as usize, n, "{report:?}");
     let _ = js.delete_stream(&stream).await;
     let _ = js.delete_stream(format!("{stream}_dead-letter")).await;
-    row(name, n, elapsed, &clock)
+    row(name, n, elapsed, times.latencies())
 }
 
 fn main() {

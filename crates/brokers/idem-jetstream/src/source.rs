@@ -332,9 +332,8 @@ impl Source for JetStreamSource {
         Some(self.inner.ack_wait / 3)
     }
 
-    async fn keep_alive(&self, delivery: &Delivery<Receipt>) -> Result<(), SourceError> {
-        delivery
-            .receipt
+    async fn keep_alive(&self, receipt: &Receipt) -> Result<(), SourceError> {
+        receipt
             .acker
             .ack_with(AckKind::Progress)
             .await
@@ -342,7 +341,7 @@ impl Source for JetStreamSource {
                 SourceError::new(
                     format!(
                         "marking stream message {} in progress",
-                        delivery.receipt.stream_sequence
+                        receipt.stream_sequence
                     ),
                     e,
                 )

@@ -12,94 +12,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use idem_consumer::{
-    DeadLetter, Delivery, HandlerError, Message, RetryReason, Runner, Source, SourceError,
-};
+use idem_consumer::{HandlerError, Message, Runner, Timed};
 use idem_core::{Bytes, ClaimHandle, Guard, Store};
 use idem_redis_streams::{RedisStreamConfig, RedisStreamSource};
-use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
 const CONCURRENCY: usize = 64;
-
-/// A source that times each delivery from its read to its settling.
-struct Timed<S> {
-    inner: S,
-    latencies: Arc<Mutex<Vec<Duration>>>,
-}
-
-impl<S: Source> Timed<S> {
-    async fn settled<F: Future<Output = Result<(), SourceError>>>(
-        &self,
-        read_at: Instant,
-        settle: F,
-    ) -> Result<(), SourceError> {
-        let r = settle.await;
-        self.latencies.lock().push(read_at.elapsed());
-        r
-    }
-}
-
-impl<S: Source> Source for Timed<S> {
-    type Receipt = (Instant, S::Receipt);
-
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    async fn fetch(&self, max: usize) -> Result<Vec<Delivery<Self::Receipt>>, SourceError> {
-        let got = self.inner.fetch(max).await?;
-        let now = Instant::now();
-        Ok(got
-            .into_iter()
-            .map(|d| Delivery {
-                message: d.message,
-                receipt: (now, d.receipt),
-            })
-            .collect())
-    }
-
-    async fn ack(&self, d: Delivery<Self::Receipt>) -> Result<(), SourceError> {
-        let (at, d) = untimed(d);
-        self.settled(at, self.inner.ack(d)).await
-    }
-
-    async fn retry(
-        &self,
-        d: Delivery<Self::Receipt>,
-        delay: Duration,
-        reason: RetryReason,
-    ) -> Result<(), SourceError> {
-        let (_, d) = untimed(d);
-        self.inner.retry(d, delay, reason).await
-    }
-
-    async fn dead_letter(
-        &self,
-        d: Delivery<Self::Receipt>,
-        why: DeadLetter,
-    ) -> Result<(), SourceError> {
-        let (_, d) = untimed(d);
-        self.inner.dead_letter(d, why).await
-    }
-
-    async fn requeue(&self, d: Delivery<Self::Receipt>) -> Result<(), SourceError> {
-        let (_, d) = untimed(d);
-        self.inner.requeue(d).await
-    }
-}
-
-/// The read time, and the delivery as the inner source knows it.
-fn untimed<R>(d: Delivery<(Instant, R)>) -> (Instant, Delivery<R>) {
-    let (at, receipt) = d.receipt;
-    (
-        at,
-        Delivery {
-            message: d.message,
-            receipt,
-        },
-    )
-}
 
 /// One row of the table.
 struct Row {
@@ -224,11 +142,8 @@ async fn through_runner<S: Store + Clone>(
     let config = RedisStreamConfig::from_url(&url)
         .unwrap()
         .concurrency(CONCURRENCY);
-    let source = Timed {
-        inner: RedisStreamSource::connect(config).await.unwrap(),
-        latencies: Arc::default(),
-    };
-    let latencies = source.latencies.clone();
+    let source = Timed::new(RedisStreamSource::connect(config).await.unwrap());
+    let times = source.times();
     let handled = Arc::new(AtomicUsize::new(0));
     let handler = {
         let handled = handled.clone();
@@ -244,16 +159,13 @@ async fn through_runner<S: Store + Clone>(
             .concurrency(CONCURRENCY)
             .run(stop.clone()),
     );
-    while latencies.lock().len() < n {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    times.wait_for(n).await;
     let elapsed = started.elapsed();
     stop.cancel();
     let report = run.await.unwrap().unwrap();
     assert_eq!(report.handled as usize, n, "{report:?}");
     drop_keys(&mut conn, &stream).await;
-    let lat = std::mem::take(&mut *latencies.lock());
-    row(name, n, elapsed, lat)
+    row(name, n, elapsed, times.latencies())
 }
 
 fn main() {

@@ -635,20 +635,20 @@ impl Source for RedisStreamSource {
     /// # Cancel safety
     ///
     /// Dropping it only skips one refresh.
-    async fn keep_alive(&self, delivery: &Delivery<RedisStreamReceipt>) -> Result<(), SourceError> {
+    async fn keep_alive(&self, receipt: &RedisStreamReceipt) -> Result<(), SourceError> {
         let i = &self.inner;
         let _: Value = redis::cmd("XCLAIM")
             .arg(&i.stream)
             .arg(&i.group)
             .arg(&i.consumer)
             .arg(0)
-            .arg(&delivery.receipt.id)
+            .arg(&receipt.id)
             .arg("JUSTID")
             .query_async(&mut i.conn.clone())
             .await
             .map_err(|e| {
                 SourceError::new(
-                    format!("refreshing entry {} of {}", delivery.receipt.id, i.stream),
+                    format!("refreshing entry {} of {}", receipt.id, i.stream),
                     e,
                 )
             })?;

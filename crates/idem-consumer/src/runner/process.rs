@@ -171,7 +171,7 @@ where
         };
         loop {
             tokio::time::sleep(every).await;
-            if let Err(e) = self.source.keep_alive(delivery).await {
+            if let Err(e) = self.source.keep_alive(&delivery.receipt).await {
                 tracing::warn!(error = %e, "telling the broker the message is in progress failed");
             }
         }
