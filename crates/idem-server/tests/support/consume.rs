@@ -194,17 +194,7 @@ impl Consume {
 
     /// SIGTERM, then the exit code.
     pub async fn terminate(mut self) -> i32 {
-        let pid = self.child.id().expect("running").to_string();
-        let sent = std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap();
-        assert!(sent.success());
-        let status = tokio::time::timeout(Duration::from_secs(40), self.child.wait())
-            .await
-            .expect("idem consume should stop within 40 s of SIGTERM")
-            .unwrap();
-        status.code().expect("exited, not killed")
+        super::sigterm(&mut self.child, Duration::from_secs(40)).await
     }
 }
 

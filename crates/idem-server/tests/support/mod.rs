@@ -57,22 +57,27 @@ pub async fn start(args: &[&str], env: &[(&str, &str)]) -> Process {
 impl Process {
     /// Sends SIGTERM and waits for the exit code.
     pub async fn terminate(mut self) -> i32 {
-        let pid = self.child.id().expect("running").to_string();
-        let sent = std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap();
-        assert!(sent.success());
-        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
-            .await
-            .expect("idem should stop within 30 s of SIGTERM")
-            .unwrap();
-        status.code().expect("exited, not killed")
+        sigterm(&mut self.child, Duration::from_secs(30)).await
     }
 
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
+}
+
+/// Sends SIGTERM to `child` and waits up to `within` for its exit code.
+pub async fn sigterm(child: &mut Child, within: Duration) -> i32 {
+    let pid = child.id().expect("running").to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let status = tokio::time::timeout(within, child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("idem should stop within {within:?} of SIGTERM"))
+        .unwrap();
+    status.code().expect("exited, not killed")
 }
 
 /// Runs `idem ARGS…` to completion: exit code, stdout, stderr.
