@@ -17,7 +17,10 @@ async fn the_store_recovers_when_the_server_kills_its_connections() {
             let sep = if admin.contains('?') { '&' } else { '?' };
             format!("{admin}{sep}application_name=idem_lost_connections")
         } else {
-            if support::open(service, &admin, |b| b.table("idem_lost_connections")).await.is_none() {
+            if support::open(service, &admin, |b| b.table("idem_lost_connections"))
+                .await
+                .is_none()
+            {
                 continue;
             }
             support::exec(&admin, "CREATE USER IF NOT EXISTS 'idem_lost'@'%'").await;
@@ -31,7 +34,10 @@ async fn the_store_recovers_when_the_server_kills_its_connections() {
         let key = |i: usize| Key::new("lost", format!("{}-{i}", std::process::id())).unwrap();
         let mut claims = Vec::new();
         for i in 0..20 {
-            let Begin::Acquired(c) = store.begin(&key(i), None, Lease::from_secs(60)).await.unwrap()
+            let Begin::Acquired(c) = store
+                .begin(&key(i), None, Lease::from_secs(60))
+                .await
+                .unwrap()
             else {
                 panic!("{service}: fresh key");
             };
@@ -47,7 +53,10 @@ async fn the_store_recovers_when_the_server_kills_its_connections() {
         } else {
             kill_mysql_connections(&admin).await
         };
-        assert!(killed >= 1, "{service}: the store's connections were killed");
+        assert!(
+            killed >= 1,
+            "{service}: the store's connections were killed"
+        );
         // Calls may fail while the pool notices; within a few tries they work.
         for (i, c) in claims.iter().enumerate() {
             let mut tries = 0;
@@ -64,11 +73,17 @@ async fn the_store_recovers_when_the_server_kills_its_connections() {
                     Err(e) => panic!("{service}: the store did not recover: {e}"),
                 }
             };
-            assert!(!done.is_stale(), "{service}: the claim survived the lost connection");
+            assert!(
+                !done.is_stale(),
+                "{service}: the claim survived the lost connection"
+            );
         }
         for i in 0..20 {
             assert!(matches!(
-                store.begin(&key(i), None, Lease::from_secs(60)).await.unwrap(),
+                store
+                    .begin(&key(i), None, Lease::from_secs(60))
+                    .await
+                    .unwrap(),
                 Begin::Completed { .. }
             ));
         }
