@@ -5,6 +5,11 @@
 //! prefix, and the stable hash that picks a key's shard.
 #![deny(missing_docs)]
 
+mod inbox;
 mod table;
 
+pub use inbox::{
+    Claimed, DEFAULT_SWEEP_BATCH, Dialect, Inbox, InboxError, InvalidIdentifier,
+    MAX_INBOX_KEY_BYTES, SqlConnection,
+};
 pub use table::{InvalidTable, MAX_PREFIX_BYTES, MAX_SHARDS, TableName, Tables};
