@@ -7,9 +7,14 @@
 
 mod inbox;
 mod table;
+mod transition;
 
 pub use inbox::{
     Claimed, DEFAULT_SWEEP_BATCH, Dialect, Inbox, InboxError, InvalidIdentifier,
     MAX_INBOX_KEY_BYTES, SqlConnection,
 };
 pub use table::{InvalidTable, MAX_PREFIX_BYTES, MAX_SHARDS, TableName, Tables};
+pub use transition::{
+    EntityId, InvalidTransitions, MAX_ENTITY_ID_BYTES, MAX_STATUS_BYTES, StatusChange,
+    StatusColumn, TransitionError, Transitions,
+};
