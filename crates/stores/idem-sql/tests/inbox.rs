@@ -444,3 +444,80 @@ where
     );
     Arc::into_inner(s).unwrap().drop_tables(&mut *conn).await;
 }
+
+on_both!(
+    under_snapshot_isolation_a_key_committed_later_is_never_new,
+    3
+);
+/// A transaction whose snapshot predates another's commit of the key.
+async fn under_snapshot_isolation_a_key_committed_later_is_never_new<DB>(pool: Pool<DB>)
+where
+    DB: Database,
+    DB::Connection: Sql,
+{
+    let s = Setup::new(&pool, "ib_snapshot").await;
+    let mut late = pool.begin().await.unwrap();
+    let dialect = late.dialect();
+    if dialect == Dialect::Postgres {
+        late.run("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .await;
+    } // MySQL/MariaDB: REPEATABLE READ is the default.
+    let seen = late
+        .count(&format!("SELECT COUNT(*) FROM {}", s.inbox.table()))
+        .await;
+    assert_eq!(seen, 0, "the snapshot is taken");
+
+    let mut first = pool.begin().await.unwrap();
+    assert_eq!(
+        s.inbox.claim(&mut *first, &key("m-1")).await.unwrap(),
+        Claimed::New
+    );
+    first.commit().await.unwrap();
+
+    let claimed = s.inbox.claim(&mut *late, &key("m-1")).await;
+    match dialect {
+        // The conflicting row is not in the snapshot: PostgreSQL refuses
+        // with a serialization failure, to retry.
+        Dialect::Postgres => {
+            let e = claimed.unwrap_err();
+            assert!(matches!(e, InboxError::Database { .. }), "{e}");
+            assert!(e.is_transient(), "{e}");
+        }
+        // InnoDB checks a unique key against the latest committed rows.
+        Dialect::MySql => assert_eq!(claimed.unwrap(), Claimed::Duplicate),
+    }
+    drop(late);
+    let mut conn = pool.acquire().await.unwrap();
+    assert_eq!(s.counts(&mut *conn).await.1, 1);
+    s.drop_tables(&mut *conn).await;
+}
+
+on_both!(a_claim_dropped_at_any_point_records_nothing, 4);
+/// Cancel safety: a claim dropped after its first poll, or later, with its
+/// transaction.
+async fn a_claim_dropped_at_any_point_records_nothing<DB>(pool: Pool<DB>)
+where
+    DB: Database,
+    DB::Connection: Sql,
+{
+    let s = Setup::new(&pool, "ib_dropped").await;
+    for (i, micros) in [0, 10, 50, 100, 200, 500, 1000, 2000, 5000]
+        .into_iter()
+        .enumerate()
+    {
+        let key = key(&format!("m-{i}"));
+        let mut tx = pool.begin().await.unwrap();
+        let claim = s.inbox.claim(&mut *tx, &key);
+        let _ = tokio::time::timeout(Duration::from_micros(micros), claim).await;
+        drop(tx);
+        let mut tx = pool.begin().await.unwrap();
+        assert_eq!(
+            s.inbox.claim(&mut *tx, &key).await.unwrap(),
+            Claimed::New,
+            "dropped after {micros} µs: the redelivery is new"
+        );
+    }
+    let mut conn = pool.acquire().await.unwrap();
+    assert_eq!(s.counts(&mut *conn).await, (0, 0));
+    s.drop_tables(&mut *conn).await;
+}

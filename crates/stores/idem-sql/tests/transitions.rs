@@ -525,3 +525,94 @@ where
     assert_eq!(o.logged(&mut *conn, 1).await, 1, "one log row");
     Arc::into_inner(o).unwrap().drop_tables(&mut *conn).await;
 }
+
+on_both!(
+    under_snapshot_isolation_a_lost_race_is_never_applied_twice,
+    3
+);
+/// A transaction whose snapshot predates another's move of the row.
+async fn under_snapshot_isolation_a_lost_race_is_never_applied_twice<DB>(pool: Pool<DB>)
+where
+    DB: Database,
+    DB::Connection: Sql,
+{
+    let o = Orders::new(&pool, "tr_snapshot").await;
+    let mut conn = pool.acquire().await.unwrap();
+    o.insert(&mut *conn, 1, "unpaid").await;
+    let mut late = pool.begin().await.unwrap();
+    let dialect = late.dialect();
+    if dialect == Dialect::Postgres {
+        late.run("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .await;
+    } // MySQL/MariaDB: REPEATABLE READ is the default.
+    assert_eq!(o.status(&mut *late, 1).await.as_deref(), Some("unpaid"));
+
+    let mut first = pool.begin().await.unwrap();
+    assert_eq!(
+        o.orders
+            .transition(&mut *first, 1_i64, "unpaid", "paid")
+            .await
+            .unwrap(),
+        StatusChange::Applied
+    );
+    first.commit().await.unwrap();
+
+    let change = o
+        .orders
+        .transition(&mut *late, 1_i64, "unpaid", "paid")
+        .await;
+    match dialect {
+        // PostgreSQL will not update a row changed since the snapshot: a
+        // serialization failure, to retry.
+        Dialect::Postgres => {
+            let e = change.unwrap_err();
+            assert!(matches!(e, TransitionError::Database { .. }), "{e}");
+            assert!(e.is_transient(), "{e}");
+        }
+        // InnoDB's update and locking read see the latest committed row.
+        Dialect::MySql => assert_eq!(change.unwrap(), StatusChange::AlreadyInTarget),
+    }
+    drop(late);
+    assert_eq!(o.logged(&mut *conn, 1).await, 1);
+    o.drop_tables(&mut *conn).await;
+}
+
+on_both!(a_move_dropped_at_any_point_changes_nothing, 3);
+/// Cancel safety: a move dropped after its first poll, or later, with its
+/// transaction.
+async fn a_move_dropped_at_any_point_changes_nothing<DB>(pool: Pool<DB>)
+where
+    DB: Database,
+    DB::Connection: Sql,
+{
+    let o = Orders::new(&pool, "tr_dropped").await;
+    let mut conn = pool.acquire().await.unwrap();
+    let delays = [0, 10, 50, 100, 200, 500, 1000, 2000, 5000];
+    for id in 0..delays.len() as i64 {
+        o.insert(&mut *conn, id, "unpaid").await;
+    }
+    for (id, micros) in delays.into_iter().enumerate() {
+        let id = id as i64;
+        let mut tx = pool.begin().await.unwrap();
+        let change = o.orders.transition(&mut *tx, id, "unpaid", "paid");
+        let _ = tokio::time::timeout(std::time::Duration::from_micros(micros), change).await;
+        drop(tx);
+        assert_eq!(
+            o.status(&mut *conn, id).await.as_deref(),
+            Some("unpaid"),
+            "dropped after {micros} µs"
+        );
+        assert_eq!(o.logged(&mut *conn, id).await, 0);
+        let mut tx = pool.begin().await.unwrap();
+        assert_eq!(
+            o.orders
+                .transition(&mut *tx, id, "unpaid", "paid")
+                .await
+                .unwrap(),
+            StatusChange::Applied,
+            "the retry finds the row as it was"
+        );
+        tx.commit().await.unwrap();
+    }
+    o.drop_tables(&mut *conn).await;
+}
