@@ -5,14 +5,14 @@ use std::time::Duration;
 
 use idem_core::{Begin, BeginItem, CompleteItem, Fenced, Limits};
 
-use crate::coalesce::Coalescer;
 #[cfg(feature = "tls")]
 use crate::conn::no_certificates;
 use crate::conn::{ConnectError, redacted, supports_nx_get};
 use crate::layout::millis;
 use crate::lock;
-use crate::script::Scripts;
+use crate::script::{ITEMS_PER_CALL, Scripts};
 use crate::store::{Batches, Inner, RedisStore};
+use idem_core::coalesce::Coalescer;
 
 /// Configures a [`RedisStore`].
 #[derive(Debug)]
@@ -183,6 +183,7 @@ impl RedisStoreBuilder {
                     }
                 },
                 self.coalesce,
+                ITEMS_PER_CALL,
             ),
             complete: Coalescer::start(
                 move |items: Arc<Vec<CompleteItem>>| {
@@ -192,6 +193,7 @@ impl RedisStoreBuilder {
                 // A completion stands whether or not its caller heard.
                 |_: &CompleteItem, _: Fenced| {},
                 self.coalesce,
+                ITEMS_PER_CALL,
             ),
         });
         Ok(RedisStore { inner, batches })

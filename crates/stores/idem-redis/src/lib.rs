@@ -77,7 +77,6 @@
 
 mod builder;
 mod cluster;
-mod coalesce;
 mod conn;
 mod layout;
 mod lock;

@@ -14,12 +14,12 @@ use redis::{Cmd, Value};
 
 use crate::builder::RedisStoreBuilder;
 use crate::cluster::slot;
-use crate::coalesce::Coalescer;
 use crate::conn::{Conn, ConnectError};
 use crate::layout::{key_in, millis, namespace_prefix, record_key};
 use crate::lock::{self, Lock};
 use crate::reply::{corrupt, fenced, number, parse_begin, parse_record, unavailable};
 use crate::script::{ScriptItem, Scripts};
+use idem_core::coalesce::Coalescer;
 
 /// The Redis store; see the [crate docs](crate). Clones share one
 /// multiplexed connection, which reconnects by itself after a Redis restart.

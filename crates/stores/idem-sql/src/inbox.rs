@@ -16,14 +16,9 @@ use sqlx::mysql::{MySqlConnection, MySqlDatabaseError};
 use sqlx::postgres::PgConnection;
 use sqlx::{Acquire, AssertSqlSafe, Database};
 
-use crate::{MAX_PREFIX_BYTES, Tables};
+use crate::{Dialect, MAX_KEY_BYTES, MAX_PREFIX_BYTES, Tables};
 
 use self::sealed::{Conn, Sealed};
-
-/// Longest key the inbox holds, in bytes (the `key` column is
-/// `VARBINARY(1024)` on MySQL/MariaDB; PostgreSQL's `bytea` is held to the
-/// same limit so both behave alike).
-pub const MAX_INBOX_KEY_BYTES: usize = 1024;
 
 /// Rows one [`Inbox::sweep`] statement deletes at most, unless set with
 /// [`Inbox::sweep_batch`].
@@ -180,7 +175,7 @@ impl Inbox {
             Dialect::MySql => vec![format!(
                 "CREATE TABLE IF NOT EXISTS {t} (
     `namespace` VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
-    `key` VARBINARY({MAX_INBOX_KEY_BYTES}) NOT NULL,
+    `key` VARBINARY({MAX_KEY_BYTES}) NOT NULL,
     `consumed_at` DATETIME(6) NOT NULL,
     PRIMARY KEY (`namespace`, `key`),
     KEY {index} (`consumed_at`)
@@ -242,7 +237,7 @@ impl Inbox {
     /// # Errors
     ///
     /// [`InboxError::KeyTooLong`] before any SQL runs when the key is over
-    /// [`MAX_INBOX_KEY_BYTES`]; [`InboxError::MissingTable`] when the table
+    /// [`MAX_KEY_BYTES`]; [`InboxError::MissingTable`] when the table
     /// was not installed; [`InboxError::Database`] otherwise.
     ///
     /// # Cancel safety
@@ -257,11 +252,11 @@ impl Inbox {
         key: &Key,
     ) -> Result<Claimed, InboxError> {
         let len = key.bytes().len();
-        if len > MAX_INBOX_KEY_BYTES {
+        if len > MAX_KEY_BYTES {
             return Err(InboxError::KeyTooLong {
                 namespace: key.namespace().to_string(),
                 len,
-                max: MAX_INBOX_KEY_BYTES,
+                max: MAX_KEY_BYTES,
             });
         }
         let namespace = key.namespace().as_str();
@@ -380,7 +375,7 @@ pub enum InboxError {
         namespace: String,
         /// Its length in bytes.
         len: usize,
-        /// [`MAX_INBOX_KEY_BYTES`].
+        /// [`MAX_KEY_BYTES`].
         max: usize,
     },
     /// The table does not exist.
@@ -422,17 +417,8 @@ impl InboxError {
     }
 }
 
-// What the inbox and the status transitions share: the two databases, the
-// connections they run on, identifiers, and what a database error means.
-
-/// The SQL a statement is written in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Dialect {
-    /// PostgreSQL.
-    Postgres,
-    /// MySQL and MariaDB.
-    MySql,
-}
+// What the inbox and the status transitions share: the connections they
+// run on, identifiers, and what a database error means.
 
 /// A connection the inbox and the status transitions run on:
 /// `PgConnection` or `MySqlConnection`, which is what `&mut *tx` gives for a

@@ -1,20 +1,69 @@
-//! idem's SQL stores: the record in PostgreSQL or MySQL/MariaDB
-//! (docs/contract.md §1–§2), in tables hash-sharded by key.
+//! idem's SQL store: the record (docs/contract.md §1–§2) in PostgreSQL or
+//! MySQL/MariaDB tables, optionally hash-sharded by key.
 //!
-//! This crate now holds what both stores share: table names from a checked
-//! prefix, and the stable hash that picks a key's shard.
+//! ```no_run
+//! use idem_core::{Begin, Key, Lease, Store};
+//! use idem_sql::SqlStore;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! // Or mysql://root@127.0.0.1:3306/test; add ?shards=16 to split the table.
+//! let store = SqlStore::connect("postgres://postgres@127.0.0.1:5432/test").await?;
+//! let key = Key::new("payments", "charge-42")?;
+//! if let Begin::Acquired(claim) = store.begin(&key, None, Lease::from_secs(30)).await? {
+//!     // … the effect …
+//!     let _ = store
+//!         .complete(&key, claim.token, Some("done".into()), std::time::Duration::from_secs(86_400))
+//!         .await?;
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! - **One statement per operation**, decided by the database: `begin` is
+//!   an `INSERT … ON CONFLICT DO UPDATE … WHERE` (PostgreSQL) or
+//!   `INSERT … ON DUPLICATE KEY UPDATE` with conditional assignments
+//!   (MySQL/MariaDB) that takes an absent, released or lapsed key and
+//!   leaves a live one alone. Never a read, then a write.
+//! - **The database's clock** decides leases and retention, so hosts with
+//!   skewed clocks agree.
+//! - **Fencing tokens** are the key's last token plus one, at least the
+//!   database's time in milliseconds × 1024: they keep increasing across
+//!   release (the row stays as a tombstone for a while), takeover, and the
+//!   sweeping of expired rows.
+//! - **Batches** (`begin_many`, `complete_many`, and single calls issued
+//!   together) travel as one statement per shard.
+//! - **Migrations** are versioned and run when the store opens, or on
+//!   demand with `idem migrate --store URL`.
+//! - **The sweeper** deletes expired rows in bounded batches, in the
+//!   background and with `idem sweep --store URL`.
+//!
+//! `docs/design.md` in the repository explains the tables and statements.
 #![deny(missing_docs)]
 
+mod builder;
+mod error;
 mod inbox;
+mod migrate;
+mod mysql;
+mod pg;
+mod row;
+mod store;
+mod sweep;
 mod table;
 mod transition;
 
+pub use builder::{OpenError, SqlStoreBuilder, redacted};
 pub use inbox::{
-    Claimed, DEFAULT_SWEEP_BATCH, Dialect, Inbox, InboxError, InvalidIdentifier,
-    MAX_INBOX_KEY_BYTES, SqlConnection,
+    Claimed, DEFAULT_SWEEP_BATCH, Inbox, InboxError, InvalidIdentifier, SqlConnection,
 };
+pub use migrate::{Dialect, Migrated, SCHEMA_VERSION};
+pub use store::SqlStore;
 pub use table::{InvalidTable, MAX_PREFIX_BYTES, MAX_SHARDS, TableName, Tables};
 pub use transition::{
     EntityId, InvalidTransitions, MAX_ENTITY_ID_BYTES, MAX_STATUS_BYTES, StatusChange,
     StatusColumn, TransitionError, Transitions,
 };
+
+/// The longest key the key column holds, in bytes: the most
+/// [`Limits::max_key_bytes`](idem_core::Limits) may be set to.
+pub const MAX_KEY_BYTES: usize = 1024;

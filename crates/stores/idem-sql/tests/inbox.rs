@@ -7,13 +7,14 @@
 //! as a second row.
 
 mod servers;
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use idem_consumer::{Backoff, HandlerError, MemorySource, Message, Runner};
 use idem_core::{Bytes, ClaimHandle, Key};
-use idem_sql::{Claimed, Dialect, Inbox, InboxError, MAX_INBOX_KEY_BYTES, SqlConnection};
+use idem_sql::{Claimed, Dialect, Inbox, InboxError, MAX_KEY_BYTES, SqlConnection};
 use servers::{Sql, on_both, table};
 use sqlx::{Database, Pool};
 use tokio_util::sync::CancellationToken;
@@ -229,14 +230,14 @@ where
 
     // Too long: refused before any SQL runs, so even PostgreSQL's
     // transaction is still usable.
-    let long = Key::new("orders", vec![b'k'; MAX_INBOX_KEY_BYTES + 1]).unwrap();
+    let long = Key::new("orders", vec![b'k'; MAX_KEY_BYTES + 1]).unwrap();
     let e = s.inbox.claim(&mut *tx, &long).await.unwrap_err();
     assert!(
-        matches!(e, InboxError::KeyTooLong { len, .. } if len == MAX_INBOX_KEY_BYTES + 1),
+        matches!(e, InboxError::KeyTooLong { len, .. } if len == MAX_KEY_BYTES + 1),
         "{e}"
     );
     assert!(e.to_string().contains("up to 1024 bytes"), "{e}");
-    let longest = Key::new("orders", vec![b'k'; MAX_INBOX_KEY_BYTES]).unwrap();
+    let longest = Key::new("orders", vec![b'k'; MAX_KEY_BYTES]).unwrap();
     assert_eq!(
         s.inbox.claim(&mut *tx, &longest).await.unwrap(),
         Claimed::New

@@ -4,6 +4,7 @@
 //! or rolls back with it.
 
 mod servers;
+mod support;
 
 use std::sync::Arc;
 

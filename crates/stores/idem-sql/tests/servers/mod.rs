@@ -1,6 +1,6 @@
 //! The real PostgreSQL and MariaDB the inbox and transition tests run
-//! against (`IDEM_TEST_POSTGRES_URL`, `IDEM_TEST_MYSQL_URL`, with loopback
-//! defaults): pools, table names of this process, and plain SQL on either.
+//! against (the URLs of `support`): pools, table names of this process, and
+//! plain SQL on either.
 
 #![allow(dead_code)] // each test file uses its part
 
@@ -16,10 +16,7 @@ use sqlx::{AssertSqlSafe, MySqlPool, PgPool};
 /// A pool of at most `connections` on the test PostgreSQL, or `None`
 /// (skipped, or a panic under `CI`/`IDEM_REQUIRE_SERVICES`).
 pub async fn postgres(connections: u32) -> Option<PgPool> {
-    let url = services::url(
-        "IDEM_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
+    let url = crate::support::postgres_url();
     match PgPoolOptions::new()
         .max_connections(connections)
         .acquire_timeout(Duration::from_secs(30))
@@ -33,7 +30,7 @@ pub async fn postgres(connections: u32) -> Option<PgPool> {
 
 /// A pool of at most `connections` on the test MySQL/MariaDB, or `None`.
 pub async fn mysql(connections: u32) -> Option<MySqlPool> {
-    let url = services::url("IDEM_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    let url = crate::support::mysql_url();
     match MySqlPoolOptions::new()
         .max_connections(connections)
         .acquire_timeout(Duration::from_secs(30))

@@ -1,23 +1,23 @@
-//! Single operations issued at the same time travel together.
+//! Single operations issued at the same time travel together, for stores
+//! that answer over a network (Redis, SQL).
 //!
 //! A `begin` or `complete` that finds the store idle goes straight out, so a
 //! lone caller pays no extra hop. While calls are in flight, the operations
 //! that arrive wait in a queue; a driver task sends whatever has gathered as
-//! one many-item script call as soon as fewer than [`CALLS_IN_FLIGHT`] of
-//! its calls are out, after yielding once so that tasks about to queue join
-//! this batch rather than the next. Under load, Redis then runs one script
-//! for a dozen items instead of one each, and the client encodes and parses
-//! one command.
+//! one many-item call as soon as fewer than [`CALLS_IN_FLIGHT`] of its calls
+//! are out, after yielding once so that tasks about to queue join this batch
+//! rather than the next. Under load the server then runs one script or
+//! statement for a dozen items instead of one each, and the client encodes
+//! and parses one command.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use futures_util::future::BoxFuture;
-use idem_core::StoreError;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::script::ITEMS_PER_CALL;
+use crate::StoreError;
 
 /// Most batched calls the driver keeps out at once; the operations that
 /// arrive meanwhile form the next batch. Measured at 64 tasks on two cores:
@@ -39,7 +39,7 @@ type Unheard<I, O> = Arc<dyn Fn(&I, O) + Send + Sync>;
 
 /// Sends single operations of one kind (`I` in, `O` out): straight out, or
 /// gathered into batches.
-pub(crate) struct Coalescer<I, O> {
+pub struct Coalescer<I, O> {
     run: Run<I, O>,
     /// `None` when batching is off.
     queue: Option<mpsc::UnboundedSender<(I, Reply<O>)>>,
@@ -68,11 +68,13 @@ impl<I: Send + Sync + 'static, O: Send + 'static> Coalescer<I, O> {
     /// `run` performs a batch and answers each item in order; `unheard`
     /// takes an answer whose caller stopped waiting after its item was sent
     /// in a batch. With `batching`, starts the driver on the current Tokio
-    /// runtime; without, every operation goes straight out.
-    pub(crate) fn start<F, Fut>(
+    /// runtime, which gathers at most `items_per_call` items a batch;
+    /// without, every operation goes straight out.
+    pub fn start<F, Fut>(
         run: F,
         unheard: impl Fn(&I, O) + Send + Sync + 'static,
         batching: bool,
+        items_per_call: usize,
     ) -> Self
     where
         F: Fn(Arc<Vec<I>>) -> Fut + Send + Sync + 'static,
@@ -82,7 +84,14 @@ impl<I: Send + Sync + 'static, O: Send + 'static> Coalescer<I, O> {
         let busy = Arc::new(AtomicUsize::new(0));
         let queue = batching.then(|| {
             let (queue, rx) = mpsc::unbounded_channel();
-            tokio::spawn(drive(rx, run.clone(), Arc::new(unheard), busy.clone()));
+            let limit = items_per_call.max(1);
+            tokio::spawn(drive(
+                rx,
+                run.clone(),
+                Arc::new(unheard),
+                busy.clone(),
+                limit,
+            ));
             queue
         });
         Coalescer { run, queue, busy }
@@ -97,7 +106,7 @@ impl<I: Send + Sync + 'static, O: Send + 'static> Coalescer<I, O> {
 
     /// Performs `item`: straight out when nothing is in flight (or
     /// batching is off), else in the next batch.
-    pub(crate) async fn call(&self, item: I) -> Result<O, StoreError> {
+    pub async fn call(&self, item: I) -> Result<O, StoreError> {
         let Some(queue) = self
             .queue
             .as_ref()
@@ -113,7 +122,7 @@ impl<I: Send + Sync + 'static, O: Send + 'static> Coalescer<I, O> {
         match rx.await {
             Ok(answer) => answer,
             Err(_) => Err(StoreError::unavailable(
-                "the Redis store's batching task stopped before answering",
+                "the store's batching task stopped before answering",
             )),
         }
     }
@@ -127,6 +136,7 @@ async fn drive<I: Send + Sync + 'static, O: Send + 'static>(
     run: Run<I, O>,
     unheard: Unheard<I, O>,
     busy: Arc<AtomicUsize>,
+    items_per_call: usize,
 ) {
     let slots = Arc::new(Semaphore::new(CALLS_IN_FLIGHT));
     loop {
@@ -138,7 +148,7 @@ async fn drive<I: Send + Sync + 'static, O: Send + 'static>(
         // about to queue, and join this batch instead of the next.
         tokio::task::yield_now().await;
         let mut batch = vec![first];
-        while batch.len() < ITEMS_PER_CALL {
+        while batch.len() < items_per_call {
             match rx.try_recv() {
                 Ok(next) => batch.push(next),
                 Err(_) => break,

@@ -1,0 +1,507 @@
+//! Opening a store: its URL and settings, the pool, the migrations, and
+//! what can go wrong on the way.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::coalesce::Coalescer;
+use idem_core::{Begin, BeginItem, CompleteItem, DEFAULT_ABANDONED_RETENTION, Fenced, Limits};
+use sqlx::Executor;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::migrate::{self, Dialect, Migrated};
+use crate::mysql::MySql;
+use crate::pg::Postgres;
+use crate::store::{Batches, Db, Inner, SqlStore};
+use crate::sweep;
+use crate::table::{InvalidTable, Tables};
+
+/// Most items one statement carries; a larger batch is cut into several.
+pub(crate) const ITEMS_PER_STATEMENT: usize = 512;
+
+/// Why a store could not be opened. Messages never show a password.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The URL or a setting is not one idem can use.
+    #[error("{0}")]
+    Config(String),
+    /// The table prefix or shard count was refused.
+    #[error(transparent)]
+    Table(#[from] InvalidTable),
+    /// The server could not be reached, refused the login, or has no such
+    /// database.
+    #[error("cannot connect to {url}: {reason}")]
+    Connect {
+        /// The URL, without its password.
+        url: String,
+        /// What went wrong, and what to check.
+        reason: String,
+    },
+    /// The database user may not do what the store needs.
+    #[error("{0}")]
+    Rights(String),
+    /// The schema could not be brought up to date, or is not.
+    #[error("{0}")]
+    Migrate(String),
+    /// Another database error while opening.
+    #[error("the database failed while opening the store: {0}")]
+    Database(#[source] sqlx::Error),
+}
+
+impl OpenError {
+    /// Sorts a database error met while opening: missing rights and
+    /// connection failures get a message that says what to do.
+    pub(crate) fn database(e: sqlx::Error) -> Self {
+        if let sqlx::Error::Database(db) = &e {
+            let rights = match db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                // ER_DBACCESS_DENIED, ER_TABLEACCESS_DENIED, ER_SPECIFIC_ACCESS_DENIED.
+                Some(my) => matches!(my.number(), 1044 | 1142 | 1227),
+                // insufficient_privilege
+                None => db.code().as_deref() == Some("42501"),
+            };
+            if rights {
+                return OpenError::Rights(format!(
+                    "the database user lacks a right the store needs ({}): grant it CREATE, SELECT, INSERT, UPDATE and DELETE \
+                     on the store's tables, or run `idem migrate --store URL` once as a user who may create tables",
+                    db.message()
+                ));
+            }
+        }
+        OpenError::Database(e)
+    }
+}
+
+/// Configures a [`SqlStore`]; see [`SqlStore::builder`].
+#[derive(Clone, Debug)]
+pub struct SqlStoreBuilder {
+    url: String,
+    prefix: String,
+    shards: u16,
+    pool_size: u32,
+    timeout: Duration,
+    limits: Limits,
+    abandoned_retention: Duration,
+    tombstone_ttl: Duration,
+    sweep_interval: Option<Duration>,
+    sweep_batch: u32,
+    migrate: bool,
+    coalesce: bool,
+    /// A URL setting idem could not read, reported by `connect`.
+    bad_param: Option<String>,
+}
+
+/// The settings idem reads from a store URL's query, and strips before the
+/// URL goes to the driver.
+const IDEM_PARAMS: &[&str] = &["shards", "table", "pool_size"];
+
+impl SqlStoreBuilder {
+    pub(crate) fn new(url: &str) -> Self {
+        let mut builder = Self {
+            url: url.to_owned(),
+            prefix: "idem_records".into(),
+            shards: 1,
+            pool_size: 16,
+            timeout: Duration::from_secs(5),
+            limits: Limits::default(),
+            abandoned_retention: DEFAULT_ABANDONED_RETENTION,
+            tombstone_ttl: Duration::from_secs(3600),
+            sweep_interval: Some(Duration::from_secs(30)),
+            sweep_batch: 1000,
+            migrate: true,
+            coalesce: true,
+            bad_param: None,
+        };
+        builder.read_params();
+        builder
+    }
+
+    /// Takes `shards`, `table` and `pool_size` out of the URL's query.
+    fn read_params(&mut self) {
+        let Some((base, query)) = self.url.split_once('?') else {
+            return;
+        };
+        let mut kept = Vec::new();
+        let base = base.to_owned();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if !IDEM_PARAMS.contains(&name) {
+                kept.push(pair.to_owned());
+                continue;
+            }
+            let bad = |what: &str| Some(format!("the store URL's {name}={value:?} is not {what}"));
+            match name {
+                "shards" => match value.parse() {
+                    Ok(n) => self.shards = n,
+                    Err(_) => self.bad_param = bad("a number of shards (1 to 256)"),
+                },
+                "pool_size" => match value.parse() {
+                    Ok(n) if n > 0 => self.pool_size = n,
+                    _ => self.bad_param = bad("a number of connections (1 or more)"),
+                },
+                _ => self.prefix = value.to_owned(),
+            }
+        }
+        self.url = if kept.is_empty() {
+            base
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        };
+    }
+
+    /// The table prefix (default `idem_records`; `?table=` in the URL).
+    pub fn table(mut self, prefix: &str) -> Self {
+        self.prefix = prefix.to_owned();
+        self
+    }
+
+    /// How many tables the records are split into by a hash of the key
+    /// (default 1; `?shards=` in the URL). Fixed when the tables are made:
+    /// opening them with another count is refused.
+    pub fn shards(mut self, n: u16) -> Self {
+        self.shards = n;
+        self
+    }
+
+    /// Most connections held open (default 16; `?pool_size=` in the URL).
+    pub fn pool_size(mut self, n: u32) -> Self {
+        self.pool_size = n.max(1);
+        self
+    }
+
+    /// The limit on connecting and on waiting for a free connection
+    /// (default 5 s).
+    pub fn timeout(mut self, d: Duration) -> Self {
+        self.timeout = d;
+        self
+    }
+
+    /// The limits to enforce. Keys longer than [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES)
+    /// do not fit the key column and are refused when the store opens.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// How long an `in_progress` record whose lease ran out is kept before
+    /// the sweeper may delete it (default 1 h).
+    pub fn abandoned_retention(mut self, d: Duration) -> Self {
+        self.abandoned_retention = d;
+        self
+    }
+
+    /// How long a released key remembers its token (default 1 h), so the
+    /// next acquisition continues above it even if the clock steps back.
+    pub fn tombstone_ttl(mut self, d: Duration) -> Self {
+        self.tombstone_ttl = d;
+        self
+    }
+
+    /// How often the background sweeper deletes expired rows (default
+    /// 30 s); `None` runs none: call [`SqlStore::sweep`] or `idem sweep`.
+    pub fn sweep_interval(mut self, every: Option<Duration>) -> Self {
+        self.sweep_interval = every;
+        self
+    }
+
+    /// Most rows one sweeping statement deletes (default 1 000), so it
+    /// never holds many locks for long.
+    pub fn sweep_batch(mut self, rows: u32) -> Self {
+        self.sweep_batch = rows.max(1);
+        self
+    }
+
+    /// Whether opening brings the tables up to date (default yes). With
+    /// `false`, opening fails unless `idem migrate` has been run.
+    pub fn migrate(mut self, yes: bool) -> Self {
+        self.migrate = yes;
+        self
+    }
+
+    /// Whether single `begin`s and `complete`s issued together travel as
+    /// one statement (default yes).
+    pub fn coalesce(mut self, yes: bool) -> Self {
+        self.coalesce = yes;
+        self
+    }
+
+    fn dialect(&self) -> Result<Dialect, OpenError> {
+        let scheme = self.url.split_once("://").map_or("", |(s, _)| s);
+        match scheme {
+            "postgres" | "postgresql" => Ok(Dialect::Postgres),
+            "mysql" | "mariadb" => Ok(Dialect::MySql),
+            _ => Err(OpenError::Config(format!(
+                "{} is not an SQL store URL: use postgres://USER@HOST:PORT/DB or mysql://USER@HOST:PORT/DB",
+                redacted(&self.url)
+            ))),
+        }
+    }
+
+    fn check(&self) -> Result<(Dialect, Tables), OpenError> {
+        if let Some(bad) = &self.bad_param {
+            return Err(OpenError::Config(bad.clone()));
+        }
+        let dialect = self.dialect()?;
+        let tables = Tables::new(&self.prefix, self.shards)?;
+        if self.limits.max_key_bytes > crate::MAX_KEY_BYTES {
+            return Err(OpenError::Config(format!(
+                "max_key_bytes is {}; the SQL stores' key column holds at most {} bytes",
+                self.limits.max_key_bytes,
+                crate::MAX_KEY_BYTES
+            )));
+        }
+        Ok((dialect, tables))
+    }
+
+    fn connect_error(&self, e: sqlx::Error) -> OpenError {
+        let reason = match &e {
+            sqlx::Error::Database(db) => {
+                let code = db.code().unwrap_or_default().into_owned();
+                let number = db
+                    .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                    .map(|my| my.number());
+                match (code.as_str(), number) {
+                    ("28P01" | "28000", _) | (_, Some(1045)) => format!(
+                        "the server refused the login ({}); check the user and password",
+                        db.message()
+                    ),
+                    ("3D000", _) | (_, Some(1049)) => format!(
+                        "{}; create the database or name one that exists",
+                        db.message()
+                    ),
+                    _ => return OpenError::database(e),
+                }
+            }
+            sqlx::Error::Io(io) => format!("{io}; is the server running, and on that port?"),
+            sqlx::Error::PoolTimedOut => format!(
+                "no answer within {:?}; is the server running and reachable?",
+                self.timeout
+            ),
+            sqlx::Error::Tls(tls) => format!("TLS failed: {tls}"),
+            sqlx::Error::Configuration(c) => format!("the URL is not valid: {c}"),
+            other => other.to_string(),
+        };
+        OpenError::Connect {
+            url: redacted(&self.url),
+            reason,
+        }
+    }
+
+    /// Brings the tables up to date and returns what was applied, without
+    /// opening a store: what `idem migrate` runs.
+    ///
+    /// # Cancel safety
+    ///
+    /// On PostgreSQL a dropped call applies every missing version or none
+    /// (one transaction). On MySQL schema changes commit one by one; the
+    /// next run finishes what a dropped one began.
+    pub async fn run_migrations(self) -> Result<Migrated, OpenError> {
+        let (dialect, tables) = self.check()?;
+        match dialect {
+            Dialect::Postgres => {
+                let pool = self.pg_pool(1).await?;
+                let mut conn = pool.acquire().await.map_err(|e| self.connect_error(e))?;
+                migrate::run_pg(&mut conn, &tables, true).await
+            }
+            Dialect::MySql => {
+                let pool = self.mysql_pool(1).await?;
+                let mut conn = pool.acquire().await.map_err(|e| self.connect_error(e))?;
+                migrate::run_mysql(&mut conn, &tables, true).await
+            }
+        }
+    }
+
+    /// Opens one connection first, so that a server that is down or
+    /// refuses the login is reported as such at once, not as a pool that
+    /// found no connection in time.
+    async fn try_connect<C>(&self, options: &C) -> Result<(), OpenError>
+    where
+        C: sqlx::ConnectOptions,
+        C::Connection: Sized,
+    {
+        use sqlx::Connection as _;
+        match tokio::time::timeout(self.timeout, options.connect()).await {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+                Ok(())
+            }
+            Ok(Err(e)) => Err(self.connect_error(e)),
+            Err(_) => Err(self.connect_error(sqlx::Error::PoolTimedOut)),
+        }
+    }
+
+    async fn pg_pool(&self, size: u32) -> Result<sqlx::PgPool, OpenError> {
+        let options = PgConnectOptions::from_str(&self.url).map_err(|e| self.connect_error(e))?;
+        self.try_connect(&options).await?;
+        PgPoolOptions::new()
+            .max_connections(size)
+            .acquire_timeout(self.timeout)
+            .connect_with(options)
+            .await
+            .map_err(|e| self.connect_error(e))
+    }
+
+    async fn mysql_pool(&self, size: u32) -> Result<sqlx::MySqlPool, OpenError> {
+        let options = MySqlConnectOptions::from_str(&self.url)
+            .map_err(|e| self.connect_error(e))?
+            // Affected rows count the rows an update matched.
+            .found_rows(true);
+        self.try_connect(&options).await?;
+        MySqlPoolOptions::new()
+            .max_connections(size)
+            .acquire_timeout(self.timeout)
+            // The upserts need MySQL's left-to-right assignments, which
+            // MariaDB's SIMULTANEOUS_ASSIGNMENT mode would turn off.
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    conn.execute(
+                        "SET SESSION sql_mode = TRIM(BOTH ',' FROM REPLACE(CONCAT(',', @@SESSION.sql_mode, ','), ',SIMULTANEOUS_ASSIGNMENT,', ','))",
+                    )
+                    .await?;
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await
+            .map_err(|e| self.connect_error(e))
+    }
+
+    /// Connects, brings the tables up to date (unless told not to) and
+    /// starts the sweeper on the current Tokio runtime.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call leaves the connections it opened, which
+    /// close, and at most a migration the next open finishes.
+    pub async fn connect(self) -> Result<SqlStore, OpenError> {
+        let (dialect, tables) = self.check()?;
+        let db = match dialect {
+            Dialect::Postgres => {
+                let pool = self.pg_pool(self.pool_size).await?;
+                let mut conn = pool.acquire().await.map_err(|e| self.connect_error(e))?;
+                migrate::run_pg(&mut conn, &tables, self.migrate).await?;
+                drop(conn);
+                Db::Postgres(Postgres::new(pool, &tables))
+            }
+            Dialect::MySql => {
+                let pool = self.mysql_pool(self.pool_size).await?;
+                let mut conn = pool.acquire().await.map_err(|e| self.connect_error(e))?;
+                migrate::run_mysql(&mut conn, &tables, self.migrate).await?;
+                drop(conn);
+                Db::MySql(MySql::new(pool, &tables))
+            }
+        };
+        let description = format!(
+            "{} store at {} (tables {}{})",
+            match dialect {
+                Dialect::Postgres => "PostgreSQL",
+                Dialect::MySql => "MySQL",
+            },
+            redacted(&self.url),
+            tables.prefix(),
+            match tables.shards() {
+                1 => String::new(),
+                n => format!("_00 to _{:02}", n - 1),
+            }
+        );
+        let inner = Arc::new(Inner {
+            db,
+            tables,
+            limits: self.limits,
+            abandoned_ms: crate::row::millis(self.abandoned_retention),
+            tombstone_ms: crate::row::millis(self.tombstone_ttl).max(1),
+            sweep_batch: i64::from(self.sweep_batch),
+            description,
+        });
+        let (b, c, r) = (inner.clone(), inner.clone(), inner.clone());
+        let batches = Arc::new(Batches {
+            begin: Coalescer::start(
+                move |items: Arc<Vec<BeginItem>>| {
+                    let inner = b.clone();
+                    async move { inner.begin_items(&items).await }
+                },
+                // A claim made for a caller who left would only block its
+                // key for a lease: let it go.
+                move |item: &BeginItem, answer: Begin| {
+                    if let Begin::Acquired(claim) = answer {
+                        let (inner, key) = (r.clone(), item.key.clone());
+                        tokio::spawn(async move {
+                            if let Err(e) = inner.release(&key, claim.token).await {
+                                tracing::warn!(error = %e, "a claim whose caller left stays until its lease ends");
+                            }
+                        });
+                    }
+                },
+                self.coalesce,
+                ITEMS_PER_STATEMENT,
+            ),
+            complete: Coalescer::start(
+                move |items: Arc<Vec<CompleteItem>>| {
+                    let inner = c.clone();
+                    async move { inner.complete_items(&items).await }
+                },
+                // A completion stands whether or not its caller heard.
+                |_: &CompleteItem, _: Fenced| {},
+                self.coalesce,
+                ITEMS_PER_STATEMENT,
+            ),
+        });
+        let sweeper = self
+            .sweep_interval
+            .map(|every| sweep::spawn(Arc::downgrade(&inner), every));
+        Ok(SqlStore {
+            inner,
+            batches,
+            _sweeper: sweeper.map(Arc::new),
+        })
+    }
+}
+
+/// `url` with its password replaced by `***`.
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{path}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idem_settings_come_out_of_the_url() {
+        let b = SqlStoreBuilder::new(
+            "postgres://u:pw@h:5432/db?sslmode=require&shards=16&table=orders_seen&pool_size=4",
+        );
+        assert_eq!(b.url, "postgres://u:pw@h:5432/db?sslmode=require");
+        assert_eq!(
+            (b.shards, b.prefix.as_str(), b.pool_size),
+            (16, "orders_seen", 4)
+        );
+        let b = SqlStoreBuilder::new("mysql://root@h/test?shards=x");
+        assert!(matches!(b.check(), Err(OpenError::Config(m)) if m.contains("shards")));
+        let b = SqlStoreBuilder::new("mysql://root@h/test?table=Bad-Name");
+        assert!(matches!(b.check(), Err(OpenError::Table(_))));
+        let b = SqlStoreBuilder::new("sqlite://x");
+        assert!(matches!(b.check(), Err(OpenError::Config(_))));
+    }
+
+    #[test]
+    fn passwords_are_never_shown() {
+        assert_eq!(
+            redacted("postgres://app:s3cret@db:5432/x?sslmode=require"),
+            "postgres://app:***@db:5432/x?sslmode=require"
+        );
+        assert_eq!(redacted("mysql://root@h/test"), "mysql://root@h/test");
+    }
+}

@@ -1,0 +1,360 @@
+//! The record statements on PostgreSQL.
+//!
+//! Each operation is one statement, run in autocommit: `begin` is an
+//! `INSERT … ON CONFLICT DO UPDATE … WHERE` that takes an absent, released
+//! or lapsed key and leaves a live one alone, and reads back what it found
+//! in the same statement. Batches pass their items as arrays (`unnest`), so
+//! a batch is one statement too. The clock is the server's
+//! (`clock_timestamp()`, in milliseconds), read once per statement.
+
+use idem_core::{
+    Begin, BeginItem, Claim, CompleteItem, Entry, Fenced, FencingToken, Key, Lease, Record,
+    RecordState, ScanQuery, StoreError, Timestamp,
+};
+use sqlx::postgres::{PgPool, PgRow};
+use sqlx::{AssertSqlSafe, Row};
+
+use crate::row::{StoredRow, ms, token, token_column};
+use crate::table::{TableName, Tables};
+
+/// The server's clock in milliseconds, read once per statement.
+const NOW: &str = "c AS (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::int8 AS now)";
+
+/// The columns a [`StoredRow`] is read from, prefixed by `r.`.
+const ROW: &str = "r.state, r.token, r.fp, r.attempts, r.started_at, r.lease_until, r.outcome, r.completed_at, r.expires_at";
+
+/// The statements of one table, written once when the store opens.
+pub(crate) struct TableSql {
+    begin: String,
+    complete: String,
+    release: String,
+    extend: String,
+    get: String,
+    scan: String,
+    sweep: String,
+}
+
+impl TableSql {
+    fn new(table: TableName<'_>) -> Self {
+        let t = format!("\"{table}\"");
+        Self {
+            begin: format!(
+                "WITH {NOW},
+                i AS (SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::int8[])
+                      WITH ORDINALITY AS u(ns, k, fp, lease, n)),
+                a AS (
+                  INSERT INTO {t} AS r (ns, k, state, token, fp, attempts, started_at, lease_until,
+                                        outcome, completed_at, expires_at)
+                  SELECT i.ns, i.k, 1, c.now * 1024, i.fp, 1, c.now, c.now + i.lease,
+                         NULL, 0, c.now + i.lease + $5
+                  FROM i CROSS JOIN c ORDER BY i.ns, i.k
+                  ON CONFLICT (ns, k) DO UPDATE SET
+                    token = GREATEST(r.token + 1, EXCLUDED.token),
+                    fp = EXCLUDED.fp,
+                    attempts = CASE WHEN r.state = 1 AND r.expires_at > EXCLUDED.started_at
+                                    THEN r.attempts + 1 ELSE 1 END,
+                    started_at = EXCLUDED.started_at,
+                    lease_until = EXCLUDED.lease_until,
+                    outcome = NULL,
+                    completed_at = 0,
+                    expires_at = EXCLUDED.expires_at,
+                    state = 1
+                  WHERE r.state = 0
+                     OR r.expires_at <= EXCLUDED.started_at
+                     OR (r.state = 1 AND r.lease_until <= EXCLUDED.started_at)
+                  RETURNING r.ns, r.k, r.token, r.attempts, r.lease_until
+                )
+                SELECT i.n, c.now, TRUE AS taken, 1::int2 AS state, a.token, NULL::bytea AS fp,
+                       a.attempts, 0::int8 AS started_at, a.lease_until, NULL::bytea AS outcome,
+                       0::int8 AS completed_at, 0::int8 AS expires_at
+                FROM i JOIN a ON a.ns = i.ns AND a.k = i.k CROSS JOIN c
+                UNION ALL
+                SELECT i.n, c.now, FALSE, {ROW}
+                FROM i JOIN {t} r ON r.ns = i.ns AND r.k = i.k CROSS JOIN c
+                WHERE NOT EXISTS (SELECT 1 FROM a WHERE a.ns = i.ns AND a.k = i.k)"
+            ),
+            // A retry by the completing token matches the completed row and
+            // writes back what it holds, so it answers `Ok` and changes
+            // nothing; `UPDATE` re-reads a row another statement just
+            // changed, so that retry sees a completion still committing.
+            complete: format!(
+                "WITH {NOW},
+                i AS (SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::bytea[], $5::int8[])
+                      WITH ORDINALITY AS u(ns, k, token, outcome, retention, n))
+                UPDATE {t} AS r SET
+                  outcome = CASE WHEN r.state = 1 THEN i.outcome ELSE r.outcome END,
+                  completed_at = CASE WHEN r.state = 1 THEN c.now ELSE r.completed_at END,
+                  expires_at = CASE WHEN r.state = 1 THEN c.now + i.retention ELSE r.expires_at END,
+                  lease_until = 0,
+                  state = 2
+                FROM i CROSS JOIN c
+                WHERE r.ns = i.ns AND r.k = i.k AND r.token = i.token
+                  AND ((r.state = 1 AND r.lease_until > c.now) OR (r.state = 2 AND r.expires_at > c.now))
+                RETURNING i.n"
+            ),
+            release: format!(
+                "WITH {NOW}
+                UPDATE {t} AS r SET state = 0, fp = NULL, outcome = NULL, attempts = 0,
+                  lease_until = 0, expires_at = c.now + $4
+                FROM c
+                WHERE r.ns = $1 AND r.k = $2 AND r.token = $3 AND r.state = 1 AND r.lease_until > c.now"
+            ),
+            extend: format!(
+                "WITH {NOW}
+                UPDATE {t} AS r SET lease_until = c.now + $4, expires_at = c.now + $4 + $5
+                FROM c
+                WHERE r.ns = $1 AND r.k = $2 AND r.token = $3 AND r.state = 1 AND r.lease_until > c.now
+                RETURNING r.lease_until"
+            ),
+            get: format!(
+                "WITH {NOW} SELECT c.now, {ROW} FROM c JOIN {t} r ON r.ns = $1 AND r.k = $2"
+            ),
+            scan: format!(
+                "WITH {NOW}
+                SELECT c.now, r.k, {ROW} FROM {t} r CROSS JOIN c
+                WHERE r.ns = $1 AND r.k > $2
+                  AND (r.state = 1 OR (r.state = 2 AND r.expires_at > c.now))
+                  AND ($3::int2 IS NULL OR r.state = $3)
+                  AND ($4::int8 IS NULL
+                       OR (CASE WHEN r.state = 1 THEN r.started_at ELSE r.completed_at END) < $4)
+                ORDER BY r.k LIMIT $5"
+            ),
+            // Locks only rows nobody else holds, and deletes them only if
+            // they are still expired once locked.
+            sweep: format!(
+                "WITH {NOW},
+                d AS (SELECT r.ns, r.k FROM {t} r CROSS JOIN c WHERE r.expires_at <= c.now
+                      ORDER BY r.expires_at LIMIT $1 FOR UPDATE OF r SKIP LOCKED)
+                DELETE FROM {t} AS r USING d, c
+                WHERE r.ns = d.ns AND r.k = d.k AND r.expires_at <= c.now"
+            ),
+        }
+    }
+}
+
+/// The PostgreSQL side of a store: its pool and its statements.
+pub(crate) struct Postgres {
+    pub pool: PgPool,
+    sql: Vec<TableSql>,
+}
+
+fn ns(key: &Key) -> &[u8] {
+    key.namespace().as_str().as_bytes()
+}
+
+impl Postgres {
+    pub fn new(pool: PgPool, tables: &Tables) -> Self {
+        Self {
+            pool,
+            sql: tables.all().map(TableSql::new).collect(),
+        }
+    }
+
+    /// `begin` for items of one shard, no key twice. An answer is `None`
+    /// when the item's row changed under the statement: try it again.
+    pub async fn begin(
+        &self,
+        shard: u16,
+        items: &[&BeginItem],
+        abandoned_ms: i64,
+    ) -> Result<Vec<Option<Begin>>, StoreError> {
+        let mut nss = Vec::with_capacity(items.len());
+        let mut ks = Vec::with_capacity(items.len());
+        let mut fps = Vec::with_capacity(items.len());
+        let mut leases = Vec::with_capacity(items.len());
+        for item in items {
+            nss.push(ns(&item.key));
+            ks.push(&item.key.bytes()[..]);
+            fps.push(item.fingerprint.map(|f| f.to_bytes().to_vec()));
+            leases.push(crate::row::millis(item.lease.duration()));
+        }
+        let rows = sqlx::query(AssertSqlSafe(&*self.sql[usize::from(shard)].begin))
+            .bind(nss)
+            .bind(ks)
+            .bind(fps)
+            .bind(leases)
+            .bind(abandoned_ms)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(crate::error::store)?;
+        let mut answers: Vec<Option<Begin>> = vec![None; items.len()];
+        for row in rows {
+            let n: i64 = row.try_get("n").map_err(crate::error::store)?;
+            let i = usize::try_from(n - 1).unwrap_or(usize::MAX);
+            let Some(item) = items.get(i) else {
+                return Err(StoreError::Corrupt(format!(
+                    "the begin statement answered item {n}"
+                )));
+            };
+            let now: i64 = row.try_get("now").map_err(crate::error::store)?;
+            let taken: bool = row.try_get("taken").map_err(crate::error::store)?;
+            let stored = stored_row(&row)?;
+            answers[i] = if taken {
+                Some(Begin::Acquired(Claim {
+                    token: token(stored.token),
+                    lease_expires_at: ms(stored.lease_until),
+                    attempt: u32::try_from(stored.attempts).unwrap_or(1),
+                }))
+            } else {
+                stored.answer_begin(item.fingerprint, now)?
+            };
+        }
+        Ok(answers)
+    }
+
+    /// `complete` for items of one shard, no key twice.
+    pub async fn complete(
+        &self,
+        shard: u16,
+        items: &[&CompleteItem],
+    ) -> Result<Vec<Fenced>, StoreError> {
+        let mut nss = Vec::with_capacity(items.len());
+        let mut ks = Vec::with_capacity(items.len());
+        let mut tokens = Vec::with_capacity(items.len());
+        let mut outcomes = Vec::with_capacity(items.len());
+        let mut retentions = Vec::with_capacity(items.len());
+        for item in items {
+            nss.push(ns(&item.key));
+            ks.push(&item.key.bytes()[..]);
+            tokens.push(token_column(item.token));
+            outcomes.push(item.outcome.as_deref());
+            retentions.push(crate::row::millis(item.retention));
+        }
+        let rows = sqlx::query(AssertSqlSafe(&*self.sql[usize::from(shard)].complete))
+            .bind(nss)
+            .bind(ks)
+            .bind(tokens)
+            .bind(outcomes)
+            .bind(retentions)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(crate::error::store)?;
+        let mut answers = vec![Fenced::Stale; items.len()];
+        for row in rows {
+            let n: i64 = row.try_get(0).map_err(crate::error::store)?;
+            if let Some(a) = answers.get_mut(usize::try_from(n - 1).unwrap_or(usize::MAX)) {
+                *a = Fenced::Ok(());
+            }
+        }
+        Ok(answers)
+    }
+
+    pub async fn release(
+        &self,
+        shard: u16,
+        key: &Key,
+        held: FencingToken,
+        tombstone_ms: i64,
+    ) -> Result<Fenced, StoreError> {
+        let done = sqlx::query(AssertSqlSafe(&*self.sql[usize::from(shard)].release))
+            .bind(ns(key))
+            .bind(&key.bytes()[..])
+            .bind(token_column(held))
+            .bind(tombstone_ms)
+            .execute(&self.pool)
+            .await
+            .map_err(crate::error::store)?;
+        Ok(if done.rows_affected() == 1 {
+            Fenced::Ok(())
+        } else {
+            Fenced::Stale
+        })
+    }
+
+    pub async fn extend(
+        &self,
+        shard: u16,
+        key: &Key,
+        held: FencingToken,
+        lease: Lease,
+        abandoned_ms: i64,
+    ) -> Result<Fenced<Timestamp>, StoreError> {
+        let row = sqlx::query(AssertSqlSafe(&*self.sql[usize::from(shard)].extend))
+            .bind(ns(key))
+            .bind(&key.bytes()[..])
+            .bind(token_column(held))
+            .bind(crate::row::millis(lease.duration()))
+            .bind(abandoned_ms)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(crate::error::store)?;
+        match row {
+            Some(row) => Ok(Fenced::Ok(ms(row
+                .try_get(0)
+                .map_err(crate::error::store)?))),
+            None => Ok(Fenced::Stale),
+        }
+    }
+
+    pub async fn get(&self, shard: u16, key: &Key) -> Result<Option<Record>, StoreError> {
+        let row = sqlx::query(AssertSqlSafe(&*self.sql[usize::from(shard)].get))
+            .bind(ns(key))
+            .bind(&key.bytes()[..])
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(crate::error::store)?;
+        match row {
+            Some(row) => {
+                let now: i64 = row.try_get("now").map_err(crate::error::store)?;
+                stored_row(&row)?.record(now)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// One shard's part of a scan, in key order.
+    pub async fn scan(&self, shard: u16, query: &ScanQuery) -> Result<Vec<Entry>, StoreError> {
+        let state = query.state.map(|s| match s {
+            RecordState::InProgress => crate::row::IN_PROGRESS,
+            RecordState::Completed => crate::row::COMPLETED,
+        });
+        let older = query
+            .older_than
+            .map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX));
+        let rows = sqlx::query(AssertSqlSafe(&*self.sql[usize::from(shard)].scan))
+            .bind(query.namespace.as_str().as_bytes())
+            .bind(query.after.as_deref().unwrap_or(&[]))
+            .bind(state)
+            .bind(older)
+            .bind(i64::try_from(query.limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(crate::error::store)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let now: i64 = row.try_get("now").map_err(crate::error::store)?;
+            let k: Vec<u8> = row.try_get("k").map_err(crate::error::store)?;
+            if let Some(record) = stored_row(&row)?.record(now)? {
+                let key = Key::in_namespace(query.namespace.clone(), k)
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                out.push(Entry { key, record });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes up to `batch` expired rows of one shard; returns how many.
+    pub async fn sweep(&self, shard: u16, batch: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query(AssertSqlSafe(&*self.sql[usize::from(shard)].sweep))
+            .bind(batch)
+            .execute(&self.pool)
+            .await
+            .map_err(crate::error::store)?;
+        Ok(done.rows_affected())
+    }
+}
+
+fn stored_row(row: &PgRow) -> Result<StoredRow, StoreError> {
+    let get = |e| crate::error::store(e);
+    Ok(StoredRow {
+        state: row.try_get("state").map_err(get)?,
+        token: row.try_get("token").map_err(get)?,
+        fingerprint: row.try_get("fp").map_err(get)?,
+        attempts: row.try_get("attempts").map_err(get)?,
+        started_at: row.try_get("started_at").map_err(get)?,
+        lease_until: row.try_get("lease_until").map_err(get)?,
+        outcome: row.try_get("outcome").map_err(get)?,
+        completed_at: row.try_get("completed_at").map_err(get)?,
+        expires_at: row.try_get("expires_at").map_err(get)?,
+    })
+}

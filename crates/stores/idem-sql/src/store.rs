@@ -1,0 +1,425 @@
+//! The store: its shared state, and the `Store` contract
+//! (docs/contract.md §2) on either database.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::join_all;
+use idem_core::coalesce::Coalescer;
+use idem_core::{
+    Begin, BeginItem, CompleteItem, Entry, Fenced, FencingToken, Fingerprint, Key, Lease, Limits,
+    Record, ScanQuery, Store, StoreError, Timestamp,
+};
+
+use crate::builder::{ITEMS_PER_STATEMENT, SqlStoreBuilder};
+use crate::error::retryable;
+use crate::mysql::MySql;
+use crate::pg::Postgres;
+use crate::sweep::Sweeper;
+use crate::table::Tables;
+
+/// How often a statement the server rolled back for a deadlock, or whose
+/// rows changed under it, is tried before the call gives up.
+const TRIES: usize = 8;
+
+/// A store whose records live in PostgreSQL or MySQL/MariaDB tables; see
+/// the [crate docs](crate). Clones share one connection pool.
+#[derive(Clone)]
+pub struct SqlStore {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) batches: Arc<Batches>,
+    pub(crate) _sweeper: Option<Arc<Sweeper>>,
+}
+
+pub(crate) struct Batches {
+    pub(crate) begin: Coalescer<BeginItem, Begin>,
+    pub(crate) complete: Coalescer<CompleteItem, Fenced>,
+}
+
+pub(crate) enum Db {
+    Postgres(Postgres),
+    MySql(MySql),
+}
+
+pub(crate) struct Inner {
+    pub(crate) db: Db,
+    pub(crate) tables: Tables,
+    pub(crate) limits: Limits,
+    pub(crate) abandoned_ms: i64,
+    pub(crate) tombstone_ms: i64,
+    pub(crate) sweep_batch: i64,
+    pub(crate) description: String,
+}
+
+impl SqlStore {
+    /// Configures a store for the database at `url`:
+    /// `postgres://USER[:PASSWORD]@HOST:PORT/DB` or
+    /// `mysql://USER[:PASSWORD]@HOST:PORT/DB`, optionally with
+    /// `?shards=N&table=PREFIX&pool_size=N` and the driver's own settings
+    /// (`sslmode=require`, `ssl-mode=REQUIRED`, …).
+    pub fn builder(url: &str) -> SqlStoreBuilder {
+        SqlStoreBuilder::new(url)
+    }
+
+    /// Connects to `url` with default settings; see [`SqlStore::builder`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`SqlStoreBuilder::connect`].
+    pub async fn connect(url: &str) -> Result<Self, crate::OpenError> {
+        Self::builder(url).connect().await
+    }
+
+    /// Deletes every expired row now, a bounded batch per statement;
+    /// returns how many. Live records are never deleted.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: each statement deletes its batch or nothing.
+    pub async fn sweep(&self) -> Result<u64, StoreError> {
+        self.inner.sweep().await
+    }
+
+    /// The tables, for operations.
+    pub fn tables(&self) -> &Tables {
+        &self.inner.tables
+    }
+
+    /// Which server and URL this store uses, without the password.
+    pub fn description(&self) -> &str {
+        &self.inner.description
+    }
+}
+
+/// Runs `op` again while it fails with a deadlock or serialization
+/// failure, which the server rolled back whole.
+async fn retrying<T, F, Fut>(op: F) -> Result<T, StoreError>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let mut tries = 1;
+    loop {
+        match op().await {
+            Err(e) if retryable(&e) && tries < TRIES => tries += 1,
+            other => return other,
+        }
+    }
+}
+
+/// A copy of `e` for each item a failed statement carried.
+fn copy(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Corrupt(m) => StoreError::Corrupt(m.clone()),
+        other => StoreError::unavailable(other.to_string()),
+    }
+}
+
+/// Splits `n` items into rounds in which no key appears twice: an item
+/// goes in the round after its key's previous appearance, so the rounds,
+/// run in order, answer as if the items ran one after another.
+fn rounds<'a>(keys: impl Iterator<Item = &'a Key>) -> Vec<Vec<usize>> {
+    let mut seen: HashMap<&Key, usize> = HashMap::new();
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    for (i, key) in keys.enumerate() {
+        let round = seen.entry(key).and_modify(|r| *r += 1).or_insert(0);
+        if out.len() <= *round {
+            out.push(Vec::new());
+        }
+        out[*round].push(i);
+    }
+    out
+}
+
+impl Inner {
+    fn shard(&self, key: &Key) -> u16 {
+        self.tables.shard_of(key)
+    }
+
+    /// `begin` for each item, each answered on its own.
+    pub(crate) async fn begin_items(&self, items: &[BeginItem]) -> Vec<Result<Begin, StoreError>> {
+        let mut answers: Vec<Option<Result<Begin, StoreError>>> =
+            std::iter::repeat_with(|| None).take(items.len()).collect();
+        for round in rounds(items.iter().map(|i| &i.key)) {
+            let mut pending = round;
+            for _ in 0..TRIES {
+                let mut by_shard: HashMap<u16, Vec<usize>> = HashMap::new();
+                for &i in &pending {
+                    by_shard
+                        .entry(self.shard(&items[i].key))
+                        .or_default()
+                        .push(i);
+                }
+                let calls = by_shard.into_iter().flat_map(|(shard, idx)| {
+                    idx.chunks(ITEMS_PER_STATEMENT)
+                        .map(|chunk| {
+                            let chunk = chunk.to_vec();
+                            let refs: Vec<&BeginItem> = chunk.iter().map(|&i| &items[i]).collect();
+                            async move {
+                                let answer = match &self.db {
+                                    Db::Postgres(pg) => {
+                                        pg.begin(shard, &refs, self.abandoned_ms).await
+                                    }
+                                    Db::MySql(my) => {
+                                        my.begin(shard, &refs, self.abandoned_ms).await
+                                    }
+                                };
+                                (chunk, answer)
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                });
+                pending = Vec::new();
+                for (chunk, answer) in join_all(calls).await {
+                    match answer {
+                        Ok(found) => {
+                            for (i, a) in chunk.into_iter().zip(found) {
+                                match a {
+                                    Some(a) => answers[i] = Some(Ok(a)),
+                                    None => pending.push(i),
+                                }
+                            }
+                        }
+                        Err(e) if retryable(&e) => pending.extend(chunk),
+                        Err(e) => {
+                            for i in chunk {
+                                answers[i] = Some(Err(copy(&e)));
+                            }
+                        }
+                    }
+                }
+                if pending.is_empty() {
+                    break;
+                }
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| {
+                a.unwrap_or_else(|| {
+                    Err(StoreError::unavailable(
+                        "the record kept changing under begin; try again",
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// `complete` for each item, each answered on its own.
+    pub(crate) async fn complete_items(
+        &self,
+        items: &[CompleteItem],
+    ) -> Vec<Result<Fenced, StoreError>> {
+        let mut answers: Vec<Option<Result<Fenced, StoreError>>> =
+            std::iter::repeat_with(|| None).take(items.len()).collect();
+        for round in rounds(items.iter().map(|i| &i.key)) {
+            let mut by_shard: HashMap<u16, Vec<usize>> = HashMap::new();
+            for i in round {
+                by_shard
+                    .entry(self.shard(&items[i].key))
+                    .or_default()
+                    .push(i);
+            }
+            let calls = by_shard.into_iter().flat_map(|(shard, idx)| {
+                idx.chunks(ITEMS_PER_STATEMENT)
+                    .map(|chunk| {
+                        let chunk = chunk.to_vec();
+                        async move {
+                            let refs: Vec<&CompleteItem> =
+                                chunk.iter().map(|&i| &items[i]).collect();
+                            let answer = retrying(|| async {
+                                match &self.db {
+                                    Db::Postgres(pg) => pg.complete(shard, &refs).await,
+                                    Db::MySql(my) => my.complete(shard, &refs).await,
+                                }
+                            })
+                            .await;
+                            (chunk, answer)
+                        }
+                    })
+                    .collect::<Vec<_>>()
+            });
+            for (chunk, answer) in join_all(calls).await {
+                match answer {
+                    Ok(done) => {
+                        for (i, a) in chunk.into_iter().zip(done) {
+                            answers[i] = Some(Ok(a));
+                        }
+                    }
+                    Err(e) => {
+                        for i in chunk {
+                            answers[i] = Some(Err(copy(&e)));
+                        }
+                    }
+                }
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| a.unwrap_or(Ok(Fenced::Stale)))
+            .collect()
+    }
+
+    pub(crate) async fn release(
+        &self,
+        key: &Key,
+        token: FencingToken,
+    ) -> Result<Fenced, StoreError> {
+        let shard = self.shard(key);
+        retrying(|| async {
+            match &self.db {
+                Db::Postgres(pg) => pg.release(shard, key, token, self.tombstone_ms).await,
+                Db::MySql(my) => my.release(shard, key, token, self.tombstone_ms).await,
+            }
+        })
+        .await
+    }
+
+    pub(crate) async fn sweep(&self) -> Result<u64, StoreError> {
+        let mut total = 0;
+        for shard in 0..self.tables.shards() {
+            loop {
+                let n = retrying(|| async {
+                    match &self.db {
+                        Db::Postgres(pg) => pg.sweep(shard, self.sweep_batch).await,
+                        Db::MySql(my) => my.sweep(shard, self.sweep_batch).await,
+                    }
+                })
+                .await?;
+                total += n;
+                if n < u64::try_from(self.sweep_batch).unwrap_or(u64::MAX) {
+                    break;
+                }
+            }
+        }
+        Ok(total)
+    }
+}
+
+/// Each operation is one statement in autocommit (a few in one round trip
+/// on MySQL, each atomic), so the server applies it whole or not at all.
+///
+/// # Cancel safety
+///
+/// Cancel safe. A dropped call either never reached the server or runs to
+/// its end there, as if only its answer were lost: a `begin` whose caller
+/// left is released when the store learns of it (a claim made in a batch),
+/// or otherwise ends with its lease; a `complete` stands, and its holder's
+/// retried `complete` answers `Ok`. The pool reads what the server still
+/// had to say on a dropped call's connection before lending it again.
+impl Store for SqlStore {
+    async fn begin(
+        &self,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        lease: Lease,
+    ) -> Result<Begin, StoreError> {
+        self.inner.limits.check_begin(key, lease)?;
+        let item = BeginItem {
+            key: key.clone(),
+            fingerprint,
+            lease,
+        };
+        self.batches.begin.call(item).await
+    }
+
+    async fn complete(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        outcome: Option<Bytes>,
+        retention: Duration,
+    ) -> Result<Fenced, StoreError> {
+        self.inner
+            .limits
+            .check_complete(key, outcome.as_ref(), retention)?;
+        let item = CompleteItem {
+            key: key.clone(),
+            token,
+            outcome,
+            retention,
+        };
+        self.batches.complete.call(item).await
+    }
+
+    async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
+        self.inner.limits.check_key(key)?;
+        self.inner.release(key, token).await
+    }
+
+    async fn extend(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        lease: Lease,
+    ) -> Result<Fenced<Timestamp>, StoreError> {
+        self.inner.limits.check_begin(key, lease)?;
+        let inner = &self.inner;
+        let shard = inner.shard(key);
+        retrying(|| async {
+            match &inner.db {
+                Db::Postgres(pg) => {
+                    pg.extend(shard, key, token, lease, inner.abandoned_ms)
+                        .await
+                }
+                Db::MySql(my) => {
+                    my.extend(shard, key, token, lease, inner.abandoned_ms)
+                        .await
+                }
+            }
+        })
+        .await
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.inner.limits.check_key(key)?;
+        let shard = self.inner.shard(key);
+        retrying(|| async {
+            match &self.inner.db {
+                Db::Postgres(pg) => pg.get(shard, key).await,
+                Db::MySql(my) => my.get(shard, key).await,
+            }
+        })
+        .await
+    }
+
+    async fn begin_many(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
+        self.inner.limits.check_begin_items(items)?;
+        self.inner.begin_items(items).await.into_iter().collect()
+    }
+
+    async fn complete_many(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {
+        self.inner.limits.check_complete_items(items)?;
+        self.inner.complete_items(items).await.into_iter().collect()
+    }
+
+    async fn scan(&self, query: &ScanQuery) -> Result<Vec<Entry>, StoreError> {
+        if query.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let inner = &self.inner;
+        let parts = join_all((0..inner.tables.shards()).map(|shard| {
+            retrying(move || async move {
+                match &inner.db {
+                    Db::Postgres(pg) => pg.scan(shard, query).await,
+                    Db::MySql(my) => my.scan(shard, query).await,
+                }
+            })
+        }))
+        .await;
+        let mut all = Vec::new();
+        for part in parts {
+            all.extend(part?);
+        }
+        all.sort_by(|a, b| a.key.bytes().cmp(b.key.bytes()));
+        all.truncate(query.limit);
+        Ok(all)
+    }
+
+    fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+}
