@@ -100,16 +100,18 @@ impl Transitions {
                 });
             }
         }
-        let column = StatusColumn {
-            transitions: self,
+        let names = Names {
             table: Ident::new("business table", table)?,
             id_column: Ident::new("id column", id_column)?,
             status_column: Ident::new("status column", status_column)?,
             log: Ident::new("transition log table", "idem_transitions")?,
-            postgres: Arc::new(Statements::empty()),
-            mysql: Arc::new(Statements::empty()),
         };
-        Ok(column.prepared())
+        Ok(StatusColumn {
+            transitions: self,
+            postgres: Statements::new(&names, Dialect::Postgres),
+            mysql: Statements::new(&names, Dialect::MySql),
+            names,
+        })
     }
 }
 
@@ -143,14 +145,21 @@ impl Transitions {
 #[derive(Clone, Debug)]
 pub struct StatusColumn {
     transitions: Transitions,
-    table: Ident,
-    id_column: Ident,
-    status_column: Ident,
-    log: Ident,
+    names: Names,
     postgres: Arc<Statements>,
     mysql: Arc<Statements>,
 }
 
+/// The checked names the statements are written with.
+#[derive(Clone, Debug)]
+struct Names {
+    table: Ident,
+    id_column: Ident,
+    status_column: Ident,
+    log: Ident,
+}
+
+/// One dialect's statements, written once.
 #[derive(Debug)]
 struct Statements {
     update: Arc<str>,
@@ -159,12 +168,37 @@ struct Statements {
 }
 
 impl Statements {
-    fn empty() -> Self {
-        Self {
-            update: "".into(),
-            log: "".into(),
-            read: "".into(),
-        }
+    fn new(names: &Names, d: Dialect) -> Arc<Self> {
+        let (t, id, status, log) = (
+            names.table.quoted(d),
+            names.id_column.quoted(d),
+            names.status_column.quoted(d),
+            names.log.quoted(d),
+        );
+        let (update, insert, read) = match d {
+            Dialect::Postgres => (
+                format!("UPDATE {t} SET {status} = $1 WHERE {id} = $2 AND {status} = $3"),
+                format!(
+                    r#"INSERT INTO {log} ("table_name", "entity_id", "from_status", "to_status", "at") VALUES ($1, $2, $3, $4, now())"#
+                ),
+                format!("SELECT {status} FROM {t} WHERE {id} = $1 FOR SHARE"),
+            ),
+            Dialect::MySql => (
+                format!("UPDATE {t} SET {status} = ? WHERE {id} = ? AND {status} = ?"),
+                format!(
+                    "INSERT INTO {log} (`table_name`, `entity_id`, `from_status`, `to_status`, `at`) VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6))"
+                ),
+                // A locking read sees the latest committed row; a plain
+                // SELECT under REPEATABLE READ could see the transaction's
+                // older snapshot.
+                format!("SELECT {status} FROM {t} WHERE {id} = ? LOCK IN SHARE MODE"),
+            ),
+        };
+        Arc::new(Self {
+            update: update.into(),
+            log: insert.into(),
+            read: read.into(),
+        })
     }
 }
 
@@ -190,8 +224,10 @@ pub enum StatusChange {
 impl StatusColumn {
     /// Logs transitions to `table` instead of `idem_transitions`.
     pub fn log_table(mut self, table: &str) -> Result<Self, InvalidIdentifier> {
-        self.log = Ident::new("transition log table", table)?;
-        Ok(self.prepared())
+        self.names.log = Ident::new("transition log table", table)?;
+        self.postgres = Statements::new(&self.names, Dialect::Postgres);
+        self.mysql = Statements::new(&self.names, Dialect::MySql);
+        Ok(self)
     }
 
     /// The declared graph.
@@ -201,53 +237,15 @@ impl StatusColumn {
 
     /// The business table's name.
     pub fn table(&self) -> &str {
-        self.table.as_str()
-    }
-
-    fn prepared(mut self) -> Self {
-        let statements = |d: Dialect| {
-            let (t, id, status, log) = (
-                self.table.quoted(d),
-                self.id_column.quoted(d),
-                self.status_column.quoted(d),
-                self.log.quoted(d),
-            );
-            let (update, insert, read) = match d {
-                Dialect::Postgres => (
-                    format!("UPDATE {t} SET {status} = $1 WHERE {id} = $2 AND {status} = $3"),
-                    format!(
-                        r#"INSERT INTO {log} ("table_name", "entity_id", "from_status", "to_status", "at") VALUES ($1, $2, $3, $4, now())"#
-                    ),
-                    format!("SELECT {status} FROM {t} WHERE {id} = $1 FOR SHARE"),
-                ),
-                Dialect::MySql => (
-                    format!("UPDATE {t} SET {status} = ? WHERE {id} = ? AND {status} = ?"),
-                    format!(
-                        "INSERT INTO {log} (`table_name`, `entity_id`, `from_status`, `to_status`, `at`) VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6))"
-                    ),
-                    // A locking read sees the latest committed row; a plain
-                    // SELECT under REPEATABLE READ could see the
-                    // transaction's older snapshot.
-                    format!("SELECT {status} FROM {t} WHERE {id} = ? LOCK IN SHARE MODE"),
-                ),
-            };
-            Arc::new(Statements {
-                update: update.into(),
-                log: insert.into(),
-                read: read.into(),
-            })
-        };
-        self.postgres = statements(Dialect::Postgres);
-        self.mysql = statements(Dialect::MySql);
-        self
+        self.names.table.as_str()
     }
 
     /// The statements that create the log table and its index, for
     /// `dialect`; each is idempotent (`IF NOT EXISTS`). The business table
     /// is yours.
     pub fn ddl(&self, dialect: Dialect) -> Vec<String> {
-        let log = self.log.quoted(dialect);
-        let index = Ident::derived(&self.log, "entity").quoted(dialect);
+        let log = self.names.log.quoted(dialect);
+        let index = Ident::derived(&self.names.log, "entity").quoted(dialect);
         match dialect {
             Dialect::Postgres => vec![
                 format!(
@@ -293,12 +291,12 @@ impl StatusColumn {
         let mut conn = db
             .acquire()
             .await
-            .map_err(|e| self.failed("connecting", &self.log, e))?;
+            .map_err(|e| self.failed("connecting", &self.names.log, e))?;
         let conn: &mut <A::Database as Database>::Connection = &mut conn;
         for statement in self.ddl(conn.dialect()) {
             run_ddl(conn, statement)
                 .await
-                .map_err(|e| self.failed("creating the log table", &self.log, e))?;
+                .map_err(|e| self.failed("creating the log table", &self.names.log, e))?;
         }
         Ok(())
     }
@@ -361,7 +359,7 @@ impl StatusColumn {
     {
         if !self.transitions.allows(from, to) {
             return Err(TransitionError::Illegal {
-                table: self.table.to_string(),
+                table: self.names.table.to_string(),
                 from: from.to_owned(),
                 to: to.to_owned(),
                 allowed: self.transitions.after(from).map(str::to_owned).collect(),
@@ -386,8 +384,8 @@ impl StatusColumn {
                 }
                 rows => {
                     return Err(TransitionError::NotUnique {
-                        table: self.table.to_string(),
-                        column: self.id_column.to_string(),
+                        table: self.names.table.to_string(),
+                        column: self.names.id_column.to_string(),
                         rows,
                     });
                 }
@@ -396,7 +394,7 @@ impl StatusColumn {
                 None => return Ok(StatusChange::NotFound),
                 Some(None) => {
                     return Err(TransitionError::NullStatus {
-                        table: self.table.to_string(),
+                        table: self.names.table.to_string(),
                         id: logged_id,
                     });
                 }
@@ -435,7 +433,7 @@ impl StatusColumn {
                 .await
                 .map(|r| r.rows_affected()),
         }
-        .map_err(|e| self.failed("changing the status", &self.table, e))
+        .map_err(|e| self.failed("changing the status", &self.names.table, e))
     }
 
     async fn log_move<C: SqlConnection>(
@@ -445,7 +443,7 @@ impl StatusColumn {
         from: &str,
         to: &str,
     ) -> Result<(), TransitionError> {
-        let table = self.table.as_str();
+        let table = self.names.table.as_str();
         match conn.conn() {
             Conn::Postgres(c) => sqlx::query(AssertSqlSafe(self.postgres.log.clone()))
                 .bind(table)
@@ -464,7 +462,7 @@ impl StatusColumn {
                 .await
                 .map(drop),
         }
-        .map_err(|e| self.failed("logging the transition", &self.log, e))
+        .map_err(|e| self.failed("logging the transition", &self.names.log, e))
     }
 
     /// The row's status: `None` without a row, `Some(None)` when it is NULL.
@@ -485,7 +483,7 @@ impl StatusColumn {
                 .await
                 .and_then(|row| row.map(|r| r.try_get(0)).transpose()),
         }
-        .map_err(|e| self.failed("reading the status", &self.table, e))
+        .map_err(|e| self.failed("reading the status", &self.names.table, e))
     }
 
     fn failed(&self, action: &'static str, table: &Ident, source: sqlx::Error) -> TransitionError {
