@@ -42,6 +42,7 @@
 
 mod builder;
 mod error;
+mod inbox;
 mod migrate;
 mod mysql;
 mod pg;
@@ -49,11 +50,19 @@ mod row;
 mod store;
 mod sweep;
 mod table;
+mod transition;
 
 pub use builder::{OpenError, SqlStoreBuilder, redacted};
+pub use inbox::{
+    Claimed, DEFAULT_SWEEP_BATCH, Inbox, InboxError, InvalidIdentifier, SqlConnection,
+};
 pub use migrate::{Dialect, Migrated, SCHEMA_VERSION};
 pub use store::SqlStore;
 pub use table::{InvalidTable, MAX_PREFIX_BYTES, MAX_SHARDS, TableName, Tables};
+pub use transition::{
+    EntityId, InvalidTransitions, MAX_ENTITY_ID_BYTES, MAX_STATUS_BYTES, StatusChange,
+    StatusColumn, TransitionError, Transitions,
+};
 
 /// The longest key the key column holds, in bytes: the most
 /// [`Limits::max_key_bytes`](idem_core::Limits) may be set to.
