@@ -37,6 +37,17 @@
 //! - **The sweeper** deletes expired rows in bounded batches, in the
 //!   background and with `idem sweep --store URL`.
 //!
+//!
+//! Beside the store, two tools work inside the caller's own transaction, so
+//! that the business write and the record of it commit or roll back
+//! together:
+//! - [`Inbox`]: the consumed-messages table. `inbox.claim(&mut *tx, &key)`
+//!   answers [`Claimed::New`] or [`Claimed::Duplicate`] without aborting the
+//!   transaction; exactly one effect per key within that database, no lease.
+//! - [`Transitions`]: a declared status graph bound to a business table;
+//!   `transition(&mut *tx, id, from, to)` is a conditional `UPDATE` plus a
+//!   row in a transition log, answering [`StatusChange`].
+//!
 //! `docs/design.md` in the repository explains the tables and statements.
 #![deny(missing_docs)]
 
