@@ -337,6 +337,11 @@ impl SqlStoreBuilder {
         self.try_connect(&options).await?;
         PgPoolOptions::new()
             .max_connections(size)
+            // sqlx checks a connection as it goes back to the pool; a
+            // second check on the way out would cost every call a round
+            // trip. A connection that broke while idle (a server restart)
+            // fails one call, as unavailable.
+            .test_before_acquire(false)
             .acquire_timeout(self.timeout)
             .connect_with(options)
             .await
@@ -351,6 +356,11 @@ impl SqlStoreBuilder {
         self.try_connect(&options).await?;
         MySqlPoolOptions::new()
             .max_connections(size)
+            // sqlx checks a connection as it goes back to the pool; a
+            // second check on the way out would cost every call a round
+            // trip. A connection that broke while idle (a server restart)
+            // fails one call, as unavailable.
+            .test_before_acquire(false)
             .acquire_timeout(self.timeout)
             // The upserts need MySQL's left-to-right assignments, which
             // MariaDB's SIMULTANEOUS_ASSIGNMENT mode would turn off.
