@@ -118,6 +118,12 @@ fn copy(e: &StoreError) -> StoreError {
     }
 }
 
+/// The order of the tables' primary key: namespace, then key, bytewise.
+fn in_row_order(a: &Key, b: &Key) -> std::cmp::Ordering {
+    (a.namespace().as_str().as_bytes(), &a.bytes()[..])
+        .cmp(&(b.namespace().as_str().as_bytes(), &b.bytes()[..]))
+}
+
 /// Splits `n` items into rounds in which no key appears twice: an item
 /// goes in the round after its key's previous appearance, so the rounds,
 /// run in order, answer as if the items ran one after another.
@@ -153,7 +159,10 @@ impl Inner {
                         .or_default()
                         .push(i);
                 }
-                let calls = by_shard.into_iter().flat_map(|(shard, idx)| {
+                let calls = by_shard.into_iter().flat_map(|(shard, mut idx)| {
+                    // Rows locked in one order by every statement cannot
+                    // deadlock each other.
+                    idx.sort_by(|&a, &b| in_row_order(&items[a].key, &items[b].key));
                     idx.chunks(ITEMS_PER_STATEMENT)
                         .map(|chunk| {
                             let chunk = chunk.to_vec();
@@ -223,7 +232,8 @@ impl Inner {
                     .or_default()
                     .push(i);
             }
-            let calls = by_shard.into_iter().flat_map(|(shard, idx)| {
+            let calls = by_shard.into_iter().flat_map(|(shard, mut idx)| {
+                idx.sort_by(|&a, &b| in_row_order(&items[a].key, &items[b].key));
                 idx.chunks(ITEMS_PER_STATEMENT)
                     .map(|chunk| {
                         let chunk = chunk.to_vec();
