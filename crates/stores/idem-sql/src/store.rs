@@ -118,6 +118,37 @@ fn copy(e: &StoreError) -> StoreError {
     }
 }
 
+/// Most outcome bytes one statement carries: a MySQL statement is text,
+/// outcomes go into it as hexadecimal, and the server refuses a statement
+/// over its `max_allowed_packet` (4 MiB in old defaults, 16 MiB in
+/// MariaDB's, 64 MiB in MySQL 8's).
+const OUTCOME_BYTES_PER_STATEMENT: usize = 1 << 20;
+
+/// Cuts `idx` into statements of at most [`ITEMS_PER_STATEMENT`] items and
+/// [`OUTCOME_BYTES_PER_STATEMENT`] outcome bytes (a larger outcome goes
+/// alone).
+fn statements(idx: &[usize], outcome_bytes: impl Fn(usize) -> usize) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut bytes = 0;
+    for &i in idx {
+        let size = outcome_bytes(i);
+        match out.last_mut() {
+            Some(last)
+                if last.len() < ITEMS_PER_STATEMENT
+                    && bytes + size <= OUTCOME_BYTES_PER_STATEMENT =>
+            {
+                last.push(i);
+                bytes += size;
+            }
+            _ => {
+                out.push(vec![i]);
+                bytes = size;
+            }
+        }
+    }
+    out
+}
+
 /// The order of the tables' primary key: namespace, then key, bytewise.
 fn in_row_order(a: &Key, b: &Key) -> std::cmp::Ordering {
     (a.namespace().as_str().as_bytes(), &a.bytes()[..])
@@ -234,21 +265,18 @@ impl Inner {
             }
             let calls = by_shard.into_iter().flat_map(|(shard, mut idx)| {
                 idx.sort_by(|&a, &b| in_row_order(&items[a].key, &items[b].key));
-                idx.chunks(ITEMS_PER_STATEMENT)
-                    .map(|chunk| {
-                        let chunk = chunk.to_vec();
-                        async move {
-                            let refs: Vec<&CompleteItem> =
-                                chunk.iter().map(|&i| &items[i]).collect();
-                            let answer = retrying(|| async {
-                                match &self.db {
-                                    Db::Postgres(pg) => pg.complete(shard, &refs).await,
-                                    Db::MySql(my) => my.complete(shard, &refs).await,
-                                }
-                            })
-                            .await;
-                            (chunk, answer)
-                        }
+                statements(&idx, |i| items[i].outcome.as_ref().map_or(0, |o| o.len()))
+                    .into_iter()
+                    .map(|chunk| async move {
+                        let refs: Vec<&CompleteItem> = chunk.iter().map(|&i| &items[i]).collect();
+                        let answer = retrying(|| async {
+                            match &self.db {
+                                Db::Postgres(pg) => pg.complete(shard, &refs).await,
+                                Db::MySql(my) => my.complete(shard, &refs).await,
+                            }
+                        })
+                        .await;
+                        (chunk, answer)
                     })
                     .collect::<Vec<_>>()
             });
