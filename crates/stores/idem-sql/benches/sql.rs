@@ -1,0 +1,1146 @@
+//! idem's SQL store beside each database's own dedup statement, on real
+//! servers (the tests' URLs: `IDEM_TEST_POSTGRES_URL`,
+//! `IDEM_TEST_MYSQL_URL`):
+//!
+//! - **PostgreSQL**: `pgbench` running `INSERT … ON CONFLICT DO NOTHING`
+//!   of a fresh random key (`benches/pgbench/insert.sql`; 256 keys a
+//!   statement in `insert_256.sql`), then idem's `begin` + `complete` on
+//!   fresh keys: single calls (coalesced, and one statement each) and
+//!   `begin_many` + `complete_many` of 256.
+//! - **MySQL/MariaDB**: an `INSERT IGNORE` loop (autocommit; one key or 256
+//!   a statement), then the same idem cycles.
+//! - **Why a claim**, on both: a transaction that holds `SELECT … FOR
+//!   UPDATE` on the message's row through a 1 ms handler, then `UPDATE`,
+//!   `COMMIT` (the pessimistic pattern), against `begin`, the same handler,
+//!   `complete`: fresh keys, and 8 deliveries of each key at once.
+//!
+//! Each cell starts from empty tables after a warm-up; every run goes
+//! through all cells, baselines beside idem, and a figure is the median of
+//! the runs. Beside each rate, what an item cost the server: commits, log
+//! flushes, log bytes (server-wide counters: read them on a quiet server).
+//!
+//! `cargo bench -p idem-sql --bench sql [-- postgres|mysql cycles|why]`;
+//! `IDEM_BENCH_SECS` (5) a timed cell, `IDEM_BENCH_RUNS` (3),
+//! `IDEM_BENCH_DELIVERIES` (16 000) a "why" cell, `PGBENCH` (else found
+//! under /usr/lib/postgresql).
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::future::join_all;
+use idem_core::{Begin, BeginItem, CompleteItem, Fenced, Key, Lease, Store};
+use idem_sql::SqlStore;
+use sqlx::mysql::MySqlPoolOptions;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{AssertSqlSafe, MySqlPool, PgPool, Row};
+
+/// Every connection this bench opens says so, to tell when all are gone.
+const APP: &str = "idem_bench";
+/// idem's record tables.
+const RECORDS: &str = "idem_bench";
+/// The baselines' dedup table.
+const DEDUP: &str = "idem_bench_dedup";
+/// The pessimistic pattern's business rows.
+const ORDERS: &str = "idem_bench_orders";
+const LEASE: Lease = Lease::from_secs(30);
+const RETENTION: Duration = Duration::from_secs(86_400);
+/// The handler of the "why" cells.
+const HANDLER: Duration = Duration::from_millis(1);
+/// Keys a batch (`begin_many`, a baseline statement).
+const BATCH: usize = 256;
+/// Connections of every pool: the store's default.
+const POOL: u32 = 16;
+/// Seconds of untimed work that open a cell's connections.
+const WARM_UP: f64 = 0.3;
+
+fn env_or<T: std::str::FromStr>(var: &str, default: T) -> T {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn with_param(url: &str, param: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{param}")
+}
+
+/// Random message ids like pgbench's `'k' || random(1, 9e18)`.
+struct Ids(u64);
+
+impl Ids {
+    fn new(task: usize) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        Ids(nanos ^ (task as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    }
+
+    /// splitmix64.
+    fn next(&mut self) -> String {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        format!("k{}", z % 9_000_000_000_000_000_000 + 1)
+    }
+
+    fn key(&mut self) -> Key {
+        Key::new("bench", self.next()).unwrap()
+    }
+}
+
+/// What the server counted over a cell, and the CPU both sides used.
+#[derive(Clone, Copy, Default)]
+struct Counts {
+    commits: f64,
+    flushes: f64,
+    log_bytes: f64,
+    /// CPU seconds of the server's processes.
+    server_cpu: f64,
+    /// CPU seconds of this process and the children it waited for
+    /// (pgbench).
+    client_cpu: f64,
+}
+
+impl std::ops::Sub for Counts {
+    type Output = Counts;
+    fn sub(self, o: Counts) -> Counts {
+        Counts {
+            commits: self.commits - o.commits,
+            flushes: self.flushes - o.flushes,
+            log_bytes: self.log_bytes - o.log_bytes,
+            server_cpu: self.server_cpu - o.server_cpu,
+            client_cpu: self.client_cpu - o.client_cpu,
+        }
+    }
+}
+
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, o: Counts) {
+        self.commits += o.commits;
+        self.flushes += o.flushes;
+        self.log_bytes += o.log_bytes;
+        self.server_cpu += o.server_cpu;
+        self.client_cpu += o.client_cpu;
+    }
+}
+
+/// CPU seconds used so far by the processes named `comm` (with the
+/// children they reaped: PostgreSQL's ended backends), read from /proc;
+/// zero for a server on another machine.
+fn cpu_of(comm: &str) -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    dir.filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter(|stat| {
+            stat.split_once(" (")
+                .is_some_and(|(_, r)| r.starts_with(&format!("{comm})")))
+        })
+        .map(|stat| stat_cpu(&stat))
+        .sum()
+}
+
+/// utime + stime + cutime + cstime of a /proc stat line, in seconds
+/// (Linux counts 100 ticks a second).
+fn stat_cpu(stat: &str) -> f64 {
+    let Some((_, rest)) = stat.rsplit_once(") ") else {
+        return 0.0;
+    };
+    // After the name: state is field 3; utime … cstime are fields 14–17.
+    rest.split_whitespace()
+        .skip(11)
+        .take(4)
+        .filter_map(|f| f.parse::<f64>().ok())
+        .sum::<f64>()
+        / 100.0
+}
+
+fn own_cpu() -> f64 {
+    std::fs::read_to_string("/proc/self/stat").map_or(0.0, |s| stat_cpu(&s))
+}
+
+/// One server, with a connection of the bench's own for setup and counts.
+enum Server {
+    Postgres {
+        url: String,
+        admin: PgPool,
+        pgbench: PathBuf,
+    },
+    MySql {
+        url: String,
+        admin: MySqlPool,
+    },
+}
+
+impl Server {
+    fn url(&self) -> String {
+        match self {
+            Server::Postgres { url, .. } => with_param(url, &format!("application_name={APP}")),
+            Server::MySql { url, .. } => url.clone(),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Server::Postgres { .. } => "PostgreSQL",
+            Server::MySql { .. } => "MariaDB",
+        }
+    }
+
+    async fn exec(&self, sql: &str) {
+        let done = match self {
+            Server::Postgres { admin, .. } => sqlx::raw_sql(AssertSqlSafe(sql))
+                .execute(admin)
+                .await
+                .map(drop),
+            Server::MySql { admin, .. } => sqlx::raw_sql(AssertSqlSafe(sql))
+                .execute(admin)
+                .await
+                .map(drop),
+        };
+        done.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// The settings that decide what a commit costs, as found.
+    async fn settings(&self) -> String {
+        match self {
+            Server::Postgres { admin, .. } => {
+                let mut out = Vec::new();
+                for name in [
+                    "server_version",
+                    "synchronous_commit",
+                    "fsync",
+                    "wal_sync_method",
+                    "commit_delay",
+                    "full_page_writes",
+                    "shared_buffers",
+                ] {
+                    let row = sqlx::query(AssertSqlSafe(format!("SHOW {name}")))
+                        .fetch_one(admin)
+                        .await
+                        .expect("SHOW");
+                    out.push(format!("{name}={}", row.get::<String, _>(0)));
+                }
+                out.join(", ")
+            }
+            Server::MySql { admin, .. } => {
+                let row = sqlx::query(
+                    "SELECT CAST(@@version AS CHAR), CAST(@@innodb_flush_log_at_trx_commit AS CHAR),
+                            CAST(@@log_bin AS CHAR), CAST(@@sync_binlog AS CHAR),
+                            CAST(@@innodb_flush_method AS CHAR),
+                            CAST(@@innodb_buffer_pool_size AS CHAR), CAST(@@tx_isolation AS CHAR)",
+                )
+                .fetch_one(admin)
+                .await
+                .expect("settings");
+                let names = [
+                    "version",
+                    "innodb_flush_log_at_trx_commit",
+                    "log_bin",
+                    "sync_binlog",
+                    "innodb_flush_method",
+                    "innodb_buffer_pool_size",
+                    "tx_isolation",
+                ];
+                names
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| format!("{n}={}", row.get::<String, _>(i)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        }
+    }
+
+    /// Commits, log flushes and log bytes so far, server-wide. On
+    /// PostgreSQL a backend publishes its counts when it exits, so this
+    /// waits until the bench's other connections are gone.
+    async fn counts(&self) -> Counts {
+        match self {
+            Server::Postgres { admin, .. } => {
+                let started = Instant::now();
+                loop {
+                    let left: i64 = sqlx::query(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                    )
+                    .bind(APP)
+                    .fetch_one(admin)
+                    .await
+                    .expect("pg_stat_activity")
+                    .get(0);
+                    if left == 0 || started.elapsed() > Duration::from_secs(10) {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                let row = sqlx::query(
+                    "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database())::float8,
+                            (SELECT wal_sync FROM pg_stat_wal)::float8,
+                            (pg_current_wal_lsn() - '0/0'::pg_lsn)::float8",
+                )
+                .fetch_one(admin)
+                .await
+                .expect("pg_stat_wal");
+                Counts {
+                    commits: row.get(0),
+                    flushes: row.get(1),
+                    log_bytes: row.get(2),
+                    server_cpu: cpu_of("postgres"),
+                    client_cpu: own_cpu(),
+                }
+            }
+            Server::MySql { admin, .. } => {
+                let rows = sqlx::query(
+                    "SHOW GLOBAL STATUS WHERE Variable_name IN
+                     ('Handler_commit', 'Innodb_data_fsyncs', 'Innodb_os_log_written')",
+                )
+                .fetch_all(admin)
+                .await
+                .expect("SHOW GLOBAL STATUS");
+                let mut c = Counts {
+                    server_cpu: cpu_of("mariadbd").max(cpu_of("mysqld")),
+                    client_cpu: own_cpu(),
+                    ..Counts::default()
+                };
+                for row in rows {
+                    let (name, value): (String, String) = (row.get(0), row.get(1));
+                    let v: f64 = value.parse().unwrap_or(0.0);
+                    match name.as_str() {
+                        "Handler_commit" => c.commits = v,
+                        "Innodb_data_fsyncs" => c.flushes = v,
+                        _ => c.log_bytes = v,
+                    }
+                }
+                c
+            }
+        }
+    }
+
+    /// The baselines' tables, made if missing.
+    async fn create_tables(&self) {
+        match self {
+            Server::Postgres { .. } => {
+                self.exec(&format!(
+                    "CREATE TABLE IF NOT EXISTS {DEDUP} (k text PRIMARY KEY,
+                       seen_at timestamptz NOT NULL DEFAULT now());
+                     CREATE TABLE IF NOT EXISTS {ORDERS} (k text PRIMARY KEY,
+                       done boolean NOT NULL DEFAULT false)"
+                ))
+                .await
+            }
+            Server::MySql { .. } => {
+                self.exec(&format!(
+                    "CREATE TABLE IF NOT EXISTS {DEDUP} (k VARCHAR(255) NOT NULL PRIMARY KEY,
+                       seen_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)) ENGINE=InnoDB;
+                     CREATE TABLE IF NOT EXISTS {ORDERS} (k VARCHAR(255) NOT NULL PRIMARY KEY,
+                       done BOOLEAN NOT NULL DEFAULT FALSE) ENGINE=InnoDB"
+                ))
+                .await
+            }
+        }
+    }
+
+    /// Empties every table the cells write, so each starts alike.
+    async fn reset(&self) {
+        match self {
+            Server::Postgres { .. } => {
+                self.exec(&format!("TRUNCATE {RECORDS}, {DEDUP}, {ORDERS}"))
+                    .await;
+                // Every cell starts with the same WAL ahead of it.
+                self.exec("CHECKPOINT").await;
+            }
+            Server::MySql { .. } => {
+                for t in [RECORDS, DEDUP, ORDERS] {
+                    self.exec(&format!("TRUNCATE TABLE {t}")).await;
+                }
+            }
+        }
+    }
+
+    /// `n` business rows `o0` … for the pessimistic pattern, not done.
+    async fn orders(&self, n: usize) {
+        for start in (0..n).step_by(1000) {
+            let values: Vec<String> = (start..(start + 1000).min(n))
+                .map(|i| format!("('o{i}')"))
+                .collect();
+            self.exec(&format!(
+                "INSERT INTO {ORDERS} (k) VALUES {}",
+                values.join(",")
+            ))
+            .await;
+        }
+    }
+
+    async fn store(&self, coalesce: bool) -> SqlStore {
+        SqlStore::builder(&self.url())
+            .table(RECORDS)
+            .pool_size(POOL)
+            .sweep_interval(None)
+            .coalesce(coalesce)
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", self.name()))
+    }
+}
+
+/// What a cell does.
+#[derive(Clone, Copy)]
+enum Work {
+    /// pgbench with a script of `keys` keys a transaction.
+    Pgbench {
+        script: &'static str,
+        clients: usize,
+        keys: usize,
+    },
+    /// `INSERT IGNORE` of `keys` fresh keys a statement, from `tasks` tasks.
+    InsertIgnore { tasks: usize, keys: usize },
+    /// `begin` + `complete`, one key a call.
+    Single { tasks: usize, coalesce: bool },
+    /// `begin_many` + `complete_many` of `BATCH` keys.
+    Batched { tasks: usize },
+    /// `N` deliveries, each key `per_key` times: the pessimistic pattern.
+    Pessimistic { tasks: usize, per_key: usize },
+    /// The same deliveries through `begin`, handler, `complete`.
+    Claim { tasks: usize, per_key: usize },
+}
+
+/// One row of a table: a cell measured once per run.
+struct Cell {
+    label: String,
+    work: Work,
+    unit: &'static str,
+    /// The row this one is a ratio to.
+    vs: Option<usize>,
+    /// What the ratio or rate should reach.
+    target: Option<&'static str>,
+    rates: Vec<f64>,
+    items: f64,
+    counts: Counts,
+}
+
+impl Cell {
+    fn new(label: &str, work: Work, unit: &'static str) -> Self {
+        Self {
+            label: label.into(),
+            work,
+            unit,
+            vs: None,
+            target: None,
+            rates: Vec::new(),
+            items: 0.0,
+            counts: Counts::default(),
+        }
+    }
+
+    fn vs(mut self, row: usize, target: Option<&'static str>) -> Self {
+        self.vs = Some(row);
+        self.target = target;
+        self
+    }
+
+    fn median(&self) -> f64 {
+        let mut r = self.rates.clone();
+        r.sort_by(f64::total_cmp);
+        r[r.len() / 2]
+    }
+}
+
+/// Runs `tasks` copies of `one` (given its task number) until `secs`
+/// have passed; each returns how many items it did. Answers items and
+/// seconds.
+async fn timed<F, Fut>(tasks: usize, secs: f64, one: F) -> (u64, f64)
+where
+    F: Fn(usize, Instant) -> Fut,
+    Fut: Future<Output = u64> + Send + 'static,
+{
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(secs);
+    let handles: Vec<_> = (0..tasks).map(|t| tokio::spawn(one(t, deadline))).collect();
+    let mut n = 0;
+    for h in handles {
+        n += h.await.expect("a task of the cell");
+    }
+    (n, started.elapsed().as_secs_f64())
+}
+
+async fn single_cycles(store: SqlStore, task: usize, deadline: Instant) -> u64 {
+    let mut ids = Ids::new(task);
+    let mut n = 0;
+    while Instant::now() < deadline {
+        let key = ids.key();
+        let Begin::Acquired(claim) = store.begin(&key, None, LEASE).await.expect("begin") else {
+            panic!("a fresh key was not acquired");
+        };
+        let done = store
+            .complete(
+                &key,
+                claim.token,
+                Some(Bytes::from_static(b"ok")),
+                RETENTION,
+            )
+            .await
+            .expect("complete");
+        assert_eq!(done, Fenced::Ok(()));
+        n += 1;
+    }
+    n
+}
+
+async fn batched_cycles(store: SqlStore, task: usize, deadline: Instant) -> u64 {
+    let mut ids = Ids::new(task);
+    let mut n = 0;
+    while Instant::now() < deadline {
+        let items: Vec<BeginItem> = (0..BATCH)
+            .map(|_| BeginItem {
+                key: ids.key(),
+                fingerprint: None,
+                lease: LEASE,
+            })
+            .collect();
+        let answers = store.begin_many(&items).await.expect("begin_many");
+        let completes: Vec<CompleteItem> = items
+            .into_iter()
+            .zip(answers)
+            .map(|(item, answer)| {
+                let Begin::Acquired(claim) = answer else {
+                    panic!("a fresh key was not acquired");
+                };
+                CompleteItem {
+                    key: item.key,
+                    token: claim.token,
+                    outcome: Some(Bytes::from_static(b"ok")),
+                    retention: RETENTION,
+                }
+            })
+            .collect();
+        let done = store
+            .complete_many(&completes)
+            .await
+            .expect("complete_many");
+        assert!(done.iter().all(|d| *d == Fenced::Ok(())));
+        n += BATCH as u64;
+    }
+    n
+}
+
+/// `INSERT IGNORE` of `keys` keys a statement until the deadline.
+async fn insert_ignore(pool: MySqlPool, keys: usize, task: usize, deadline: Instant) -> u64 {
+    let sql = format!(
+        "INSERT IGNORE INTO {DEDUP} (k) VALUES {}",
+        vec!["(?)"; keys].join(",")
+    );
+    let mut ids = Ids::new(task);
+    let mut n = 0;
+    while Instant::now() < deadline {
+        let mut q = sqlx::query(AssertSqlSafe(&*sql));
+        for _ in 0..keys {
+            q = q.bind(ids.next());
+        }
+        q.execute(&pool).await.expect("INSERT IGNORE");
+        n += keys as u64;
+    }
+    n
+}
+
+/// Which key the `n`th delivery carries: `per_key` deliveries in a row
+/// share one.
+fn order(n: usize, per_key: usize) -> String {
+    format!("o{}", n / per_key)
+}
+
+/// The pessimistic pattern, one delivery: lock the message's row, run the
+/// handler unless it is done, mark it done, commit. Answers whether the
+/// handler ran.
+async fn pessimistic(server: &PessimisticPool, key: &str) -> bool {
+    macro_rules! deliver {
+        ($pool:expr, $select:expr, $update:expr) => {{
+            let mut tx = $pool.begin().await.expect("BEGIN");
+            let done: bool = sqlx::query($select)
+                .bind(key)
+                .fetch_one(&mut *tx)
+                .await
+                .expect("SELECT … FOR UPDATE")
+                .get(0);
+            if !done {
+                tokio::time::sleep(HANDLER).await;
+                sqlx::query($update)
+                    .bind(key)
+                    .execute(&mut *tx)
+                    .await
+                    .expect("UPDATE");
+            }
+            tx.commit().await.expect("COMMIT");
+            !done
+        }};
+    }
+    match server {
+        PessimisticPool::Postgres(pool) => deliver!(
+            pool,
+            "SELECT done FROM idem_bench_orders WHERE k = $1 FOR UPDATE",
+            "UPDATE idem_bench_orders SET done = TRUE WHERE k = $1"
+        ),
+        PessimisticPool::MySql(pool) => deliver!(
+            pool,
+            "SELECT done FROM idem_bench_orders WHERE k = ? FOR UPDATE",
+            "UPDATE idem_bench_orders SET done = TRUE WHERE k = ?"
+        ),
+    }
+}
+
+enum PessimisticPool {
+    Postgres(PgPool),
+    MySql(MySqlPool),
+}
+
+/// idem, one delivery: claim, handler, complete. A key another delivery
+/// holds is asked again after one handler's time (as a redelivery would
+/// come back), so that every delivery ends knowing the outcome, as the
+/// pessimistic one does. Answers whether the handler ran.
+async fn claim(store: &SqlStore, key: &str) -> bool {
+    let key = Key::new("bench", key.to_owned()).unwrap();
+    loop {
+        match store.begin(&key, None, LEASE).await.expect("begin") {
+            Begin::Acquired(claim) => {
+                tokio::time::sleep(HANDLER).await;
+                let done = store
+                    .complete(
+                        &key,
+                        claim.token,
+                        Some(Bytes::from_static(b"ok")),
+                        RETENTION,
+                    )
+                    .await
+                    .expect("complete");
+                assert_eq!(done, Fenced::Ok(()));
+                return true;
+            }
+            Begin::Completed { .. } => return false,
+            Begin::InProgress { retry_after } => {
+                tokio::time::sleep(retry_after.min(HANDLER)).await;
+            }
+            Begin::Mismatch => unreachable!("no fingerprints here"),
+        }
+    }
+}
+
+/// Runs `deliveries` deliveries from `tasks` tasks; answers deliveries and
+/// seconds, after checking the handler ran once per key.
+async fn deliveries<F, Fut>(tasks: usize, deliveries: usize, per_key: usize, one: F) -> (u64, f64)
+where
+    F: Fn(String) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = bool> + Send,
+{
+    let one = Arc::new(one);
+    let next = Arc::new(AtomicUsize::new(0));
+    let ran = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| {
+            let (one, next, ran) = (one.clone(), next.clone(), ran.clone());
+            tokio::spawn(async move {
+                loop {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    if n >= deliveries {
+                        break;
+                    }
+                    if one(order(n, per_key)).await {
+                        ran.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    join_all(handles).await;
+    let secs = started.elapsed().as_secs_f64();
+    assert_eq!(
+        ran.load(Ordering::Relaxed),
+        deliveries.div_ceil(per_key) as u64,
+        "the handler ran once per key"
+    );
+    (deliveries as u64, secs)
+}
+
+/// Runs `pgbench` with `script` for `secs`; answers transactions/s.
+fn pgbench(pgbench: &PathBuf, url: &str, script: &str, clients: usize, secs: f64) -> f64 {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("benches/pgbench")
+        .join(script);
+    let out = Command::new(pgbench)
+        .env("PGAPPNAME", APP)
+        .args(["-n", "-M", "prepared", "-f"])
+        .arg(&script)
+        .args(["-c", &clients.to_string()])
+        .args(["-j", &clients.min(2).to_string()])
+        .args(["-T", &(secs as u64).to_string()])
+        .arg(url)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", pgbench.display()));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "pgbench failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("tps = ")
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or_else(|| panic!("no tps in pgbench's output: {text}"))
+}
+
+/// Measures `work` once on `server`: warm-up, empty tables, the run;
+/// answers items, seconds and what the server counted.
+async fn measure(server: &Server, work: Work, secs: f64, n: usize) -> (u64, f64, Counts) {
+    match work {
+        Work::Pgbench {
+            script,
+            clients,
+            keys,
+        } => {
+            let Server::Postgres {
+                url, pgbench: bin, ..
+            } = server
+            else {
+                unreachable!()
+            };
+            server.reset().await;
+            let before = server.counts().await;
+            let (bin, url) = (bin.clone(), url.clone());
+            let secs = secs.round().max(1.0);
+            let tps =
+                tokio::task::spawn_blocking(move || pgbench(&bin, &url, script, clients, secs))
+                    .await
+                    .unwrap();
+            let counts = server.counts().await - before;
+            let items = tps * secs * keys as f64;
+            (items as u64, secs, counts)
+        }
+        Work::InsertIgnore { tasks, keys } => {
+            let Server::MySql { url, .. } = server else {
+                unreachable!()
+            };
+            let pool = MySqlPoolOptions::new()
+                .max_connections(POOL)
+                .connect(url)
+                .await
+                .expect("MySQL pool");
+            let p = pool.clone();
+            timed(tasks, WARM_UP, move |t, d| {
+                insert_ignore(p.clone(), keys, t, d)
+            })
+            .await;
+            server.reset().await;
+            let before = server.counts().await;
+            let p = pool.clone();
+            let (items, took) = timed(tasks, secs, move |t, d| {
+                insert_ignore(p.clone(), keys, t, d)
+            })
+            .await;
+            pool.close().await;
+            (items, took, server.counts().await - before)
+        }
+        Work::Single { tasks, coalesce } => {
+            let store = server.store(coalesce).await;
+            warm_up(&store, tasks).await;
+            server.reset().await;
+            let before = server.counts().await;
+            let s = store.clone();
+            let (items, took) =
+                timed(tasks, secs, move |t, d| single_cycles(s.clone(), t, d)).await;
+            drop(store);
+            (items, took, server.counts().await - before)
+        }
+        Work::Claim { tasks, per_key } => {
+            let store = server.store(true).await;
+            warm_up(&store, tasks).await;
+            server.reset().await;
+            let before = server.counts().await;
+            let s = store.clone();
+            let (items, took) = deliveries(tasks, n, per_key, move |k| {
+                let s = s.clone();
+                async move { claim(&s, &k).await }
+            })
+            .await;
+            drop(store);
+            (items, took, server.counts().await - before)
+        }
+        Work::Batched { tasks } => {
+            let store = server.store(true).await;
+            let s = store.clone();
+            timed(tasks, WARM_UP, move |t, d| batched_cycles(s.clone(), t, d)).await;
+            server.reset().await;
+            let before = server.counts().await;
+            let s = store.clone();
+            let (items, took) =
+                timed(tasks, secs, move |t, d| batched_cycles(s.clone(), t, d)).await;
+            drop(store);
+            (items, took, server.counts().await - before)
+        }
+        Work::Pessimistic { tasks, per_key } => {
+            let pool = match server {
+                Server::Postgres { .. } => PessimisticPool::Postgres(
+                    PgPoolOptions::new()
+                        .max_connections(POOL)
+                        .connect(&server.url())
+                        .await
+                        .expect("PostgreSQL pool"),
+                ),
+                Server::MySql { url, .. } => PessimisticPool::MySql(
+                    MySqlPoolOptions::new()
+                        .max_connections(POOL)
+                        .connect(url)
+                        .await
+                        .expect("MySQL pool"),
+                ),
+            };
+            // Open every connection before the clock starts.
+            match &pool {
+                PessimisticPool::Postgres(p) => {
+                    join_all((0..POOL).map(|_| p.acquire())).await;
+                }
+                PessimisticPool::MySql(p) => {
+                    join_all((0..POOL).map(|_| p.acquire())).await;
+                }
+            }
+            server.reset().await;
+            server.orders(n.div_ceil(per_key)).await;
+            let before = server.counts().await;
+            let pool = Arc::new(pool);
+            let p = pool.clone();
+            let (items, took) = deliveries(tasks, n, per_key, move |k| {
+                let p = p.clone();
+                async move { pessimistic(&p, &k).await }
+            })
+            .await;
+            match &*pool {
+                PessimisticPool::Postgres(p) => p.close().await,
+                PessimisticPool::MySql(p) => p.close().await,
+            }
+            (items, took, server.counts().await - before)
+        }
+    }
+}
+
+/// Opens the store's connections before the clock starts.
+async fn warm_up(store: &SqlStore, tasks: usize) {
+    let s = store.clone();
+    timed(tasks, WARM_UP, move |t, d| single_cycles(s.clone(), t, d)).await;
+}
+
+fn cycle_cells(server: &Server) -> Vec<Cell> {
+    let mut cells = match server {
+        Server::Postgres { .. } => vec![
+            Cell::new(
+                "pgbench insert.sql, 1 client",
+                Work::Pgbench {
+                    script: "insert.sql",
+                    clients: 1,
+                    keys: 1,
+                },
+                "inserts/s",
+            ),
+            Cell::new(
+                "pgbench insert.sql, 16 clients",
+                Work::Pgbench {
+                    script: "insert.sql",
+                    clients: 16,
+                    keys: 1,
+                },
+                "inserts/s",
+            ),
+            Cell::new(
+                "pgbench insert_256.sql, 1 client",
+                Work::Pgbench {
+                    script: "insert_256.sql",
+                    clients: 1,
+                    keys: BATCH,
+                },
+                "keys/s",
+            ),
+            Cell::new(
+                "pgbench insert_256.sql, 16 clients",
+                Work::Pgbench {
+                    script: "insert_256.sql",
+                    clients: 16,
+                    keys: BATCH,
+                },
+                "keys/s",
+            ),
+        ],
+        Server::MySql { .. } => vec![
+            Cell::new(
+                "INSERT IGNORE, 1 task",
+                Work::InsertIgnore { tasks: 1, keys: 1 },
+                "inserts/s",
+            ),
+            Cell::new(
+                "INSERT IGNORE, 16 tasks",
+                Work::InsertIgnore { tasks: 16, keys: 1 },
+                "inserts/s",
+            ),
+            Cell::new(
+                "INSERT IGNORE of 256 keys, 1 task",
+                Work::InsertIgnore {
+                    tasks: 1,
+                    keys: BATCH,
+                },
+                "keys/s",
+            ),
+            Cell::new(
+                "INSERT IGNORE of 256 keys, 16 tasks",
+                Work::InsertIgnore {
+                    tasks: 16,
+                    keys: BATCH,
+                },
+                "keys/s",
+            ),
+        ],
+    };
+    cells.extend([
+        Cell::new(
+            "idem begin+complete, 1 task",
+            Work::Single {
+                tasks: 1,
+                coalesce: true,
+            },
+            "cycles/s",
+        )
+        .vs(0, None),
+        Cell::new(
+            "idem begin+complete, 16 tasks (coalesced)",
+            Work::Single {
+                tasks: 16,
+                coalesce: true,
+            },
+            "cycles/s",
+        )
+        .vs(1, Some("≥ 0.7×")),
+        Cell::new(
+            "idem begin+complete, 16 tasks, a statement each",
+            Work::Single {
+                tasks: 16,
+                coalesce: false,
+            },
+            "cycles/s",
+        )
+        .vs(1, None),
+        Cell::new(
+            "idem begin_many+complete_many of 256, 1 task",
+            Work::Batched { tasks: 1 },
+            "cycles/s",
+        )
+        .vs(2, Some("≥ 50 k/s")),
+        Cell::new(
+            "idem begin_many+complete_many of 256, 16 tasks",
+            Work::Batched { tasks: 16 },
+            "cycles/s",
+        )
+        .vs(3, Some("≥ 50 k/s")),
+    ]);
+    cells
+}
+
+fn why_cells() -> Vec<Cell> {
+    let mut cells = Vec::new();
+    for (what, tasks, per_key) in [
+        ("fresh keys, 16 tasks", 16, 1),
+        ("fresh keys, 64 tasks", 64, 1),
+        ("8 deliveries a key at once, 16 tasks", 16, 8),
+    ] {
+        let row = cells.len();
+        cells.push(Cell::new(
+            &format!("SELECT … FOR UPDATE through the handler, {what}"),
+            Work::Pessimistic { tasks, per_key },
+            "deliveries/s",
+        ));
+        cells.push(
+            Cell::new(
+                &format!("idem begin, handler, complete, {what}"),
+                Work::Claim { tasks, per_key },
+                "deliveries/s",
+            )
+            .vs(row, None),
+        );
+    }
+    cells
+}
+
+fn print_table(server: &str, title: &str, cells: &[Cell], per: &str) {
+    println!("\n### {server}: {title}\n");
+    let runs = cells.first().map_or(0, |c| c.rates.len());
+    let heads: Vec<String> = (1..=runs).map(|r| format!("run {r}")).collect();
+    println!(
+        "| what | unit | {} | median | ratio | commits / {per} | log flushes / {per} | log bytes / {per} | server CPU µs / {per} | client CPU µs / {per} |",
+        heads.join(" | ")
+    );
+    println!("|{}", " --- |".repeat(9 + runs));
+    for c in cells {
+        let runs: Vec<String> = c.rates.iter().map(|r| format!("{r:.0}")).collect();
+        let ratio = match c.vs {
+            Some(v) => {
+                let r = c.median() / cells[v].median();
+                match c.target {
+                    Some(t) => format!("{r:.2}× (target {t})"),
+                    None => format!("{r:.2}×"),
+                }
+            }
+            None => String::new(),
+        };
+        let per_item = |x: f64| if c.items > 0.0 { x / c.items } else { 0.0 };
+        println!(
+            "| {} | {} | {} | **{:.0}** | {} | {:.3} | {:.3} | {:.0} | {:.1} | {:.1} |",
+            c.label,
+            c.unit,
+            runs.join(" | "),
+            c.median(),
+            ratio,
+            per_item(c.counts.commits),
+            per_item(c.counts.flushes),
+            per_item(c.counts.log_bytes),
+            per_item(c.counts.server_cpu) * 1e6,
+            per_item(c.counts.client_cpu) * 1e6,
+        );
+    }
+}
+
+async fn open(service: &str, url: &str) -> Server {
+    let fail = |e: sqlx::Error| -> ! {
+        panic!("{service} at {url} cannot be used ({e}); start it or set its URL")
+    };
+    if service == "PostgreSQL" {
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(url)
+            .await
+            .unwrap_or_else(|e| fail(e));
+        let pgbench = std::env::var_os("PGBENCH")
+            .map(PathBuf::from)
+            .or_else(|| {
+                let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+                    .ok()?
+                    .filter_map(|d| Some(d.ok()?.path().join("bin/pgbench")))
+                    .filter(|p| p.exists())
+                    .collect();
+                found.sort();
+                found.pop()
+            })
+            .unwrap_or_else(|| PathBuf::from("pgbench"));
+        Server::Postgres {
+            url: url.to_owned(),
+            admin,
+            pgbench,
+        }
+    } else {
+        let admin = MySqlPoolOptions::new()
+            .max_connections(1)
+            .connect(url)
+            .await
+            .unwrap_or_else(|e| fail(e));
+        Server::MySql {
+            url: url.to_owned(),
+            admin,
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let wants = |word: &str, group: &[&str]| {
+        args.iter().any(|a| a == word) || !args.iter().any(|a| group.contains(&a.as_str()))
+    };
+    let dbs = ["postgres", "mysql"];
+    let parts = ["cycles", "why"];
+    let secs: f64 = env_or("IDEM_BENCH_SECS", 5.0);
+    let runs: usize = env_or("IDEM_BENCH_RUNS", 3);
+    let n: usize = env_or("IDEM_BENCH_DELIVERIES", 16_000);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    println!(
+        "{} cores; {secs} s a timed cell, {n} deliveries a \"why\" cell, {runs} runs, median shown",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    for (db, service, var, default) in [
+        (
+            "postgres",
+            "PostgreSQL",
+            "IDEM_TEST_POSTGRES_URL",
+            "postgres://postgres@127.0.0.1:5432/test",
+        ),
+        (
+            "mysql",
+            "MariaDB",
+            "IDEM_TEST_MYSQL_URL",
+            "mysql://root@127.0.0.1:3306/test",
+        ),
+    ] {
+        if !wants(db, &dbs) {
+            continue;
+        }
+        let url = std::env::var(var)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| default.to_owned());
+        rt.block_on(async {
+            let server = open(service, &url).await;
+            println!("\n{service} at {url}: {}", server.settings().await);
+            server.create_tables().await;
+            // Makes idem's tables before the first reset.
+            drop(server.store(true).await);
+            let mut tables = Vec::new();
+            if wants("cycles", &parts) {
+                tables.push(("begin+complete on fresh keys", cycle_cells(&server), "item"));
+            }
+            if wants("why", &parts) {
+                tables.push((
+                    "why a claim: the pessimistic pattern against idem, 1 ms handler",
+                    why_cells(),
+                    "delivery",
+                ));
+            }
+            for run in 0..runs {
+                for (_, cells, _) in tables.iter_mut() {
+                    for cell in cells.iter_mut() {
+                        let (items, took, counts) = measure(&server, cell.work, secs, n).await;
+                        let rate = items as f64 / took;
+                        eprintln!(
+                            "run {}: {service}, {}: {rate:.0} {}",
+                            run + 1,
+                            cell.label,
+                            cell.unit
+                        );
+                        cell.rates.push(rate);
+                        cell.items += items as f64;
+                        cell.counts += counts;
+                    }
+                }
+            }
+            for (title, cells, per) in &tables {
+                print_table(service, title, cells, per);
+            }
+        });
+    }
+}
