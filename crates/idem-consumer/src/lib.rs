@@ -17,6 +17,11 @@
 //! | handler failed permanently, key missing, fingerprint mismatch | dead-letter at once |
 //! | store unreachable | no ack: retry later (fail closed), unless the guard fails open |
 //!
+//! When the handler's own database transaction records each key (an inbox
+//! table beside the business data), [`Runner::unguarded`] runs it without a
+//! store: every delivery reaches the handler, which finds a duplicate in its
+//! table, and the rest of the table above holds.
+//!
 //! ```no_run
 //! use idem_consumer::{HandlerError, KeyFrom, MemorySource, Message, Runner};
 //! use idem_core::{Bytes, ClaimHandle, Guard, MemoryStore};

@@ -45,7 +45,9 @@ pub struct StoreArgs {
     pub config: Option<PathBuf>,
     /// Where records live: file://PATH (default file://./idem-data), memory://,
     /// redis://HOST:PORT or redis+cluster://HOST:PORT,HOST:PORT (rediss://
-    /// and rediss+cluster:// for TLS).
+    /// and rediss+cluster:// for TLS), postgres://USER@HOST:PORT/DB or
+    /// mysql://USER@HOST:PORT/DB (with ?shards=N&table=PREFIX&pool_size=N;
+    /// sslmode=require or ssl-mode=REQUIRED for TLS).
     #[arg(long, env = "IDEM_STORE", value_name = "URL")]
     pub store: Option<String>,
     /// How the file store makes completions durable [default: group].

@@ -6,12 +6,16 @@
 //!   HTTP service.
 //! - `idem consume --from SOURCE_URL --to URL`: the sidecar that feeds any
 //!   HTTP handler from a broker, effectively once.
+//! - `idem migrate --store URL`, `idem sweep --store URL`: upkeep of an SQL
+//!   store's tables.
 
 mod config;
 mod consume;
 mod proxy;
 mod serve;
 mod store_url;
+#[cfg(feature = "sql")]
+mod upkeep;
 
 use std::process::ExitCode;
 
@@ -37,6 +41,12 @@ enum Command {
     Proxy(proxy::ProxyArgs),
     /// Feed messages from a broker to an HTTP handler, effectively once.
     Consume(consume::ConsumeArgs),
+    /// Bring an SQL store's tables up to the schema this idem needs.
+    #[cfg(feature = "sql")]
+    Migrate(upkeep::MigrateArgs),
+    /// Delete an SQL store's expired records now, in small batches.
+    #[cfg(feature = "sql")]
+    Sweep(upkeep::SweepArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +66,10 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve::run(args).await,
             Command::Proxy(args) => proxy::run(args).await,
             Command::Consume(args) => consume::run(args).await,
+            #[cfg(feature = "sql")]
+            Command::Migrate(args) => upkeep::migrate(args).await,
+            #[cfg(feature = "sql")]
+            Command::Sweep(args) => upkeep::sweep(args).await,
         }
     });
     match result {

@@ -74,11 +74,20 @@ pub async fn open(common: &StoreSettings) -> Result<OpenStore, Failure> {
     if let Some(redis) = open_redis(url, common).await? {
         return Ok(redis);
     }
+    #[cfg(feature = "sql")]
+    if is_sql(url) {
+        let store = open_sql(url, common, |b| b).await?;
+        return Ok(OpenStore {
+            description: store.description().to_owned(),
+            store: Arc::new(store),
+            file: None,
+        });
+    }
     let scheme = url.split_once("://").map_or(url, |(s, _)| s);
     Err(bad(
         "store",
         format!(
-            "{scheme:?} stores are not supported by this build; use file://PATH, memory://, redis://HOST:PORT or redis+cluster://HOST:PORT,HOST:PORT (rediss:// and rediss+cluster:// for TLS)"
+            "{scheme:?} stores are not supported by this build; use file://PATH, memory://, redis://HOST:PORT or redis+cluster://HOST:PORT,HOST:PORT (rediss:// and rediss+cluster:// for TLS), postgres://USER@HOST:PORT/DB or mysql://USER@HOST:PORT/DB"
         ),
     )
     .into())
@@ -140,4 +149,36 @@ async fn open_redis(url: &str, common: &StoreSettings) -> Result<Option<OpenStor
 fn read(field: &'static str, path: &std::path::Path) -> Result<Vec<u8>, Failure> {
     std::fs::read(path)
         .map_err(|e| bad(field, format!("cannot read {}: {e}", path.display())).into())
+}
+
+/// Whether `url` names an SQL store.
+#[cfg(feature = "sql")]
+pub fn is_sql(url: &str) -> bool {
+    ["postgres://", "postgresql://", "mysql://", "mariadb://"]
+        .iter()
+        .any(|s| url.starts_with(s))
+}
+
+/// An SQL store, for `postgres://` and `mysql://` URLs, configured further
+/// by `configure`. A URL idem cannot read is a bad setting; a database that
+/// cannot be reached or refuses is a failure to start.
+#[cfg(feature = "sql")]
+pub async fn open_sql(
+    url: &str,
+    common: &StoreSettings,
+    configure: impl FnOnce(idem_sql::SqlStoreBuilder) -> idem_sql::SqlStoreBuilder,
+) -> Result<idem_sql::SqlStore, Failure> {
+    let builder = configure(idem_sql::SqlStore::builder(url).limits(common.limits.clone()));
+    builder.connect().await.map_err(sql_failure)
+}
+
+/// How an SQL store's open error is reported: bad settings exit 2, the
+/// rest 1.
+#[cfg(feature = "sql")]
+pub fn sql_failure(e: idem_sql::OpenError) -> Failure {
+    match e {
+        idem_sql::OpenError::Config(m) => bad("store", m).into(),
+        idem_sql::OpenError::Table(t) => bad("store", t.to_string()).into(),
+        other => Failure::Run(other.to_string()),
+    }
 }

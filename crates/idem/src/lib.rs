@@ -7,6 +7,8 @@
 //! - `file` (default): [`FileStore`], the embedded durable store;
 //! - `redis`: `RedisStore`, on standalone Redis or Redis Cluster, and its
 //!   distributed `Lock` (watchdog, fencing tokens, fair waiting);
+//! - `sql`: `SqlStore` on PostgreSQL or MySQL/MariaDB, with the consumed
+//!   messages table and guarded state transitions, as `idem::sql`;
 //! - `consumer`: the broker-independent consumer runner, as `idem::consumer`;
 //!   `amqp`, `jetstream` and `redis-streams` add each broker's source, as
 //!   `idem::amqp`, `idem::jetstream` and `idem::redis_streams`.
@@ -33,6 +35,11 @@ pub use idem_file::{Durability, FileStore, FileStoreBuilder, OpenError};
 
 #[cfg(feature = "redis")]
 pub use idem_redis::{ConnectError, Lock, LockGuard, RedisStore, RedisStoreBuilder};
+
+/// The SQL store on PostgreSQL or MySQL/MariaDB, and the business-layer
+/// tools that work in the caller's own SQL transaction.
+#[cfg(feature = "sql")]
+pub use idem_sql as sql;
 
 /// The consumer runner: takes messages from a broker and runs the handler
 /// once per key under the guard.

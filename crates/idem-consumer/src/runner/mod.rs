@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem_core::{BeginItem, Fingerprint, Guard, InvalidInput, Key, Namespace, Store};
+use idem_core::{BeginItem, Fingerprint, Guard, InvalidInput, Key, MemoryStore, Namespace, Store};
 use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -39,8 +39,12 @@ use crate::{Backoff, DeadLetter, Delivery, Handler, KeyFrom, Source};
 ///   the claims of those that did not finish are released and their
 ///   messages handed back, so a redelivery runs at once. Messages still
 ///   waiting behind another are handed back too.
+///
+/// [`Runner::unguarded`] claims nothing: for handlers whose own database
+/// transaction records the key (an inbox table beside the business data).
 pub struct Runner<S, Src, H> {
     guard: Guard<S>,
+    claims: bool,
     source: Src,
     handler: H,
     namespace: Option<Namespace>,
@@ -66,6 +70,7 @@ where
     pub fn new(guard: Guard<S>, source: Src, handler: H) -> Self {
         Self {
             guard,
+            claims: true,
             source,
             handler,
             namespace: None,
@@ -82,6 +87,9 @@ where
     }
 
     /// The namespace keys live in (default: the source's name).
+    ///
+    /// Without claims ([`Runner::unguarded`]) the handler builds its keys
+    /// itself; the runner uses this one to find copies in flight.
     pub fn namespace(mut self, namespace: Namespace) -> Self {
         self.namespace = Some(namespace);
         self
@@ -171,6 +179,7 @@ where
         let tally = tally::Tally::new(namespace.as_str());
         let shared = Arc::new(Shared {
             guard: self.guard,
+            claims: self.claims,
             source: self.source,
             handler: self.handler,
             namespace,
@@ -269,6 +278,42 @@ where
     }
 }
 
+impl<Src, H> Runner<MemoryStore, Src, H>
+where
+    Src: Source,
+    H: Handler,
+{
+    /// A runner that claims nothing: the handler's own transaction is the
+    /// dedup. For handlers that record each message's key in the database
+    /// of their effect, in the transaction that makes it (an inbox table),
+    /// so that the effect and the record commit together or not at all;
+    /// the key is in [`Message::key`](crate::Message::key).
+    ///
+    /// Each message goes straight to the handler, and is acked once the
+    /// handler returns `Ok`. The rest is as with a guard: transient failures
+    /// retried with backoff, dead letters after
+    /// [`max_attempts`](Runner::max_attempts) and for permanent failures,
+    /// copies of a key in flight in this runner waiting for each other,
+    /// [`ordered`](Runner::ordered) lanes, the broker's keep-alive, and the
+    /// graceful shutdown (a handler still running after the grace is
+    /// dropped, which rolls its transaction back, and its message is handed
+    /// back).
+    ///
+    /// What differs: nothing is stored, so a duplicate runs the handler,
+    /// which finds its key recorded and returns `Ok` (the [`Report`] counts
+    /// it as handled; only the handler knows it was a duplicate); the
+    /// handler's claim handle has no fencing token and is never lost;
+    /// [`fingerprint`](Runner::fingerprint) has nothing to compare with.
+    /// The type's store parameter is a placeholder that is never used.
+    pub fn unguarded(source: Src, handler: H) -> Self {
+        let placeholder = MemoryStore::builder().sweep_interval(None).build();
+        Self {
+            claims: false,
+            ..Self::new(Guard::new(placeholder), source, handler)
+        }
+    }
+}
+
 /// Adds free permits to `held`, up to `batch`.
 fn take_free(permits: &Arc<Semaphore>, held: &mut Vec<OwnedSemaphorePermit>, batch: usize) {
     while held.len() < batch {
@@ -324,6 +369,8 @@ struct Parked<R> {
 
 struct Shared<S, Src: Source, H> {
     guard: Guard<S>,
+    /// Whether keys are claimed in the store (false: [`Runner::unguarded`]).
+    claims: bool,
     source: Src,
     handler: H,
     namespace: Namespace,
@@ -393,6 +440,17 @@ where
         if starts.is_empty() {
             return;
         }
+        if !self.claims {
+            for (group, delivery, key, permit) in starts {
+                let this = self.clone();
+                tracker.spawn(Box::pin(async move {
+                    this.settle_unclaimed(delivery, &key).await;
+                    drop(permit);
+                    this.drain(group).await;
+                }));
+            }
+            return;
+        }
         let items: Vec<BeginItem> = starts
             .iter()
             .map(|(_, delivery, key, _)| BeginItem {
@@ -460,6 +518,8 @@ where
             } = next;
             if self.shutdown.is_cancelled() {
                 self.requeue(delivery).await;
+            } else if !self.claims {
+                self.settle_unclaimed(delivery, &key).await;
             } else {
                 let sent = Instant::now();
                 let begun = self
@@ -484,6 +544,10 @@ where
             .extract(&delivery.message)
             .map_err(|e| e.to_string())?;
         let key = Key::in_namespace(self.namespace.clone(), bytes).map_err(|e| e.to_string())?;
+        if !self.claims {
+            // No store, no store limit: the handler's table has its own.
+            return Ok(key);
+        }
         self.guard
             .store()
             .limits()

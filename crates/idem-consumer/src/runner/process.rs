@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{Begin, Claim, GuardError, Key, Raw, Store, StoreError};
+use idem_core::{Begin, Claim, ClaimHandle, GuardError, Key, Raw, Store, StoreError};
 use tokio::time::Instant;
 
 use super::Shared;
@@ -54,10 +54,7 @@ where
             ),
             Ok(Begin::Acquired(claim)) if attempt > self.max_attempts => {
                 self.release(key, &claim).await;
-                Action::DeadLetter(format!(
-                    "delivered for attempt {attempt} without finishing; the limit is {} attempts",
-                    self.max_attempts
-                ))
+                self.exhausted(attempt)
             }
             Ok(Begin::Acquired(claim)) => self.handle(&delivery, key, claim, sent).await,
             Err(e) if e.is_transient() && self.guard.fails_open() => {
@@ -71,6 +68,44 @@ where
             Err(e) => Action::DeadLetter(e.to_string()),
         };
         self.perform(delivery, key, action).await;
+    }
+
+    /// Without claims ([`Runner::unguarded`](crate::Runner::unguarded)):
+    /// runs the handler with no claim, and performs the broker action its
+    /// result calls for.
+    pub(super) async fn settle_unclaimed(&self, delivery: Delivery<Src::Receipt>, key: &Key) {
+        let attempt = delivery.message.attempt.max(1);
+        let action = if attempt > self.max_attempts {
+            self.exhausted(attempt)
+        } else {
+            let started = Instant::now();
+            let work = self
+                .handler
+                .handle(with_key(&delivery.message, key), ClaimHandle::unclaimed());
+            let outcome = tokio::select! {
+                r = work => Some(r),
+                () = self.keep_alive(&delivery) => unreachable!("keep-alive never ends"),
+                () = self.hard_stop.cancelled() => None,
+            };
+            self.tally
+                .handler_seconds
+                .record(started.elapsed().as_secs_f64());
+            match outcome {
+                // Dropped: the handler's transaction rolled back.
+                None => Action::Requeue,
+                Some(r) => self.action_after(r.map_err(GuardError::Handler), attempt),
+            }
+        };
+        self.perform(delivery, key, action).await;
+    }
+
+    /// A message delivered past the attempt limit: dead-lettered without
+    /// running.
+    fn exhausted(&self, attempt: u32) -> Action {
+        Action::DeadLetter(format!(
+            "delivered for attempt {attempt} without finishing; the limit is {} attempts",
+            self.max_attempts
+        ))
     }
 
     /// Runs the handler under the claim; renews the broker's redelivery

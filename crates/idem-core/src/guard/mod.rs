@@ -67,8 +67,20 @@ pub struct ClaimHandle {
 }
 
 impl ClaimHandle {
+    /// The handle of a handler that runs without a claim: no token,
+    /// attempt 1, never lost. What the guard gives when it fails open, and
+    /// what a runner that claims nothing gives (the handler's own
+    /// transaction is then the dedup).
+    pub fn unclaimed() -> Self {
+        Self {
+            token: None,
+            attempt: 1,
+            lost: CancellationToken::new(),
+        }
+    }
+
     /// The fencing token, to hand to a sink that checks it. `None` only when
-    /// the guard runs the handler unguarded (fail open, store unreachable).
+    /// the handler runs without a claim ([`unclaimed`](Self::unclaimed)).
     pub fn token(&self) -> Option<FencingToken> {
         self.token
     }
@@ -203,12 +215,9 @@ impl<S: Store + Clone> Guard<S> {
             Err(e) if self.fail_open && e.is_transient() => {
                 metrics::counter!("idem_guard_fail_open_total").increment(1);
                 tracing::warn!(%key, error = %e, "store unreachable; running unguarded (fail open)");
-                let handle = ClaimHandle {
-                    token: None,
-                    attempt: 1,
-                    lost: CancellationToken::new(),
-                };
-                return handler(handle).await.map_err(GuardError::Handler);
+                return handler(ClaimHandle::unclaimed())
+                    .await
+                    .map_err(GuardError::Handler);
             }
             Err(e) => return Err(GuardError::from_store(e)),
         };

@@ -276,7 +276,7 @@ impl SqlStoreBuilder {
             }
             sqlx::Error::Io(io) => format!("{io}; is the server running, and on that port?"),
             sqlx::Error::PoolTimedOut => format!(
-                "no connection within {:?}; is the server running and reachable?",
+                "no answer within {:?}; is the server running and reachable?",
                 self.timeout
             ),
             sqlx::Error::Tls(tls) => format!("TLS failed: {tls}"),
@@ -313,8 +313,28 @@ impl SqlStoreBuilder {
         }
     }
 
+    /// Opens one connection first, so that a server that is down or
+    /// refuses the login is reported as such at once, not as a pool that
+    /// found no connection in time.
+    async fn try_connect<C>(&self, options: &C) -> Result<(), OpenError>
+    where
+        C: sqlx::ConnectOptions,
+        C::Connection: Sized,
+    {
+        use sqlx::Connection as _;
+        match tokio::time::timeout(self.timeout, options.connect()).await {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+                Ok(())
+            }
+            Ok(Err(e)) => Err(self.connect_error(e)),
+            Err(_) => Err(self.connect_error(sqlx::Error::PoolTimedOut)),
+        }
+    }
+
     async fn pg_pool(&self, size: u32) -> Result<sqlx::PgPool, OpenError> {
         let options = PgConnectOptions::from_str(&self.url).map_err(|e| self.connect_error(e))?;
+        self.try_connect(&options).await?;
         PgPoolOptions::new()
             .max_connections(size)
             .acquire_timeout(self.timeout)
@@ -328,6 +348,7 @@ impl SqlStoreBuilder {
             .map_err(|e| self.connect_error(e))?
             // Affected rows count the rows an update matched.
             .found_rows(true);
+        self.try_connect(&options).await?;
         MySqlPoolOptions::new()
             .max_connections(size)
             .acquire_timeout(self.timeout)
@@ -372,6 +393,19 @@ impl SqlStoreBuilder {
                 Db::MySql(MySql::new(pool, &tables))
             }
         };
+        let description = format!(
+            "{} store at {} (tables {}{})",
+            match dialect {
+                Dialect::Postgres => "PostgreSQL",
+                Dialect::MySql => "MySQL",
+            },
+            redacted(&self.url),
+            tables.prefix(),
+            match tables.shards() {
+                1 => String::new(),
+                n => format!("_00 to _{:02}", n - 1),
+            }
+        );
         let inner = Arc::new(Inner {
             db,
             tables,
@@ -379,14 +413,7 @@ impl SqlStoreBuilder {
             abandoned_ms: crate::row::millis(self.abandoned_retention),
             tombstone_ms: crate::row::millis(self.tombstone_ttl).max(1),
             sweep_batch: i64::from(self.sweep_batch),
-            description: format!(
-                "{} store at {}",
-                match dialect {
-                    Dialect::Postgres => "PostgreSQL",
-                    Dialect::MySql => "MySQL",
-                },
-                redacted(&self.url)
-            ),
+            description,
         });
         let (b, c, r) = (inner.clone(), inner.clone(), inner.clone());
         let batches = Arc::new(Batches {

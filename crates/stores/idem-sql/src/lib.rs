@@ -37,11 +37,23 @@
 //! - **The sweeper** deletes expired rows in bounded batches, in the
 //!   background and with `idem sweep --store URL`.
 //!
+//!
+//! Beside the store, two tools work inside the caller's own transaction, so
+//! that the business write and the record of it commit or roll back
+//! together:
+//! - [`Inbox`]: the consumed-messages table. `inbox.claim(&mut *tx, &key)`
+//!   answers [`Claimed::New`] or [`Claimed::Duplicate`] without aborting the
+//!   transaction; exactly one effect per key within that database, no lease.
+//! - [`Transitions`]: a declared status graph bound to a business table;
+//!   `transition(&mut *tx, id, from, to)` is a conditional `UPDATE` plus a
+//!   row in a transition log, answering [`StatusChange`].
+//!
 //! `docs/design.md` in the repository explains the tables and statements.
 #![deny(missing_docs)]
 
 mod builder;
 mod error;
+mod inbox;
 mod migrate;
 mod mysql;
 mod pg;
@@ -49,11 +61,19 @@ mod row;
 mod store;
 mod sweep;
 mod table;
+mod transition;
 
 pub use builder::{OpenError, SqlStoreBuilder, redacted};
+pub use inbox::{
+    Claimed, DEFAULT_SWEEP_BATCH, Inbox, InboxError, InvalidIdentifier, SqlConnection,
+};
 pub use migrate::{Dialect, Migrated, SCHEMA_VERSION};
 pub use store::SqlStore;
 pub use table::{InvalidTable, MAX_PREFIX_BYTES, MAX_SHARDS, TableName, Tables};
+pub use transition::{
+    EntityId, InvalidTransitions, MAX_ENTITY_ID_BYTES, MAX_STATUS_BYTES, StatusChange,
+    StatusColumn, TransitionError, Transitions,
+};
 
 /// The longest key the key column holds, in bytes: the most
 /// [`Limits::max_key_bytes`](idem_core::Limits) may be set to.

@@ -220,9 +220,10 @@ impl MySql {
 
     /// `complete` for items of one shard, no key twice.
     ///
-    /// The update takes in-progress rows held by each item's token; the
-    /// read that follows answers `Ok` for every row completed by its item's
-    /// token, which also covers a retried call whose first answer was lost.
+    /// The update takes in-progress rows held by each item's token. When it
+    /// took fewer rows than there are items, a read answers `Ok` for every
+    /// row completed by its item's token, which also covers a retried call
+    /// whose first answer was lost.
     pub async fn complete(
         &self,
         shard: u16,
@@ -265,14 +266,32 @@ impl MySql {
             ") i ON r.ns = i.ns AND r.k = i.k AND r.token = i.token
             SET r.outcome = i.outcome, r.completed_at = @idem_now,
                 r.expires_at = @idem_now + i.retention, r.lease_until = 0, r.state = 2
-            WHERE r.state = 1 AND r.lease_until > @idem_now;
-            SELECT ns, k, token, state, expires_at, @idem_now AS now FROM ",
+            WHERE r.state = 1 AND r.lease_until > @idem_now",
         );
-        sql.push_str(table);
-        sql.push_str(" WHERE ");
+        // The read that follows runs on the same connection, for its
+        // session's clock.
+        let mut conn = self.pool.acquire().await.map_err(crate::error::store)?;
+        let mut taken = 0;
+        {
+            let mut results = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_many(&mut *conn);
+            while let Some(step) = results.try_next().await.map_err(crate::error::store)? {
+                if let Either::Left(done) = step {
+                    taken = done.rows_affected();
+                }
+            }
+        }
+        // Every item took its row: the common case needs no read.
+        if usize::try_from(taken).is_ok_and(|n| n == items.len()) {
+            return Ok(vec![Fenced::Ok(()); items.len()]);
+        }
+        let mut sql = String::with_capacity(100 + items.len() * 80);
+        let _ = write!(
+            sql,
+            "SELECT ns, k, token, state, expires_at, @idem_now AS now FROM {table} WHERE "
+        );
         key_list(&mut sql, items.iter().map(|i| &i.key));
         let rows = sqlx::raw_sql(AssertSqlSafe(sql))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *conn)
             .await
             .map_err(crate::error::store)?;
         let index: HashMap<(&[u8], &[u8]), usize> = items

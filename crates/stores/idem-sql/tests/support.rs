@@ -44,3 +44,66 @@ pub fn subject(store: SqlStore) -> Subject<SqlStore> {
         },
     )
 }
+
+/// Both test databases: (service name, URL).
+pub fn databases() -> [(&'static str, String); 2] {
+    [("PostgreSQL", postgres_url()), ("MySQL", mysql_url())]
+}
+
+/// A table prefix no other run uses, for tests that make and drop tables.
+pub fn fresh_prefix(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("idem_{name}_{}_{nanos}", std::process::id())
+}
+
+/// Drops the tables of `store` and its schema table.
+pub async fn drop_tables(store: &SqlStore, url: &str) {
+    let tables = store.tables();
+    let mut names: Vec<String> = tables.all().map(|t| t.to_string()).collect();
+    names.push(format!("{}_schema", tables.prefix()));
+    for name in names {
+        let sql = if url.starts_with("postgres") {
+            format!("DROP TABLE IF EXISTS \"{name}\"")
+        } else {
+            format!("DROP TABLE IF EXISTS `{name}`")
+        };
+        exec(url, &sql).await;
+    }
+}
+
+/// Runs one statement on the database at `url`, on a connection of its own.
+pub async fn exec(url: &str, sql: &str) -> u64 {
+    use sqlx::{AssertSqlSafe, Connection, Executor};
+    let sql = AssertSqlSafe(sql.to_owned());
+    if url.starts_with("postgres") {
+        let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+        c.execute(sql).await.unwrap().rows_affected()
+    } else {
+        let mut c = sqlx::MySqlConnection::connect(url).await.unwrap();
+        c.execute(sql).await.unwrap().rows_affected()
+    }
+}
+
+/// The number in the first column of the first row of `sql`.
+pub async fn count(url: &str, sql: &str) -> i64 {
+    use sqlx::{AssertSqlSafe, Connection, Row};
+    let sql = AssertSqlSafe(sql.to_owned());
+    if url.starts_with("postgres") {
+        let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query(sql)
+            .fetch_one(&mut c)
+            .await
+            .unwrap()
+            .get::<i64, _>(0)
+    } else {
+        let mut c = sqlx::MySqlConnection::connect(url).await.unwrap();
+        sqlx::query(sql)
+            .fetch_one(&mut c)
+            .await
+            .unwrap()
+            .get::<i64, _>(0)
+    }
+}
