@@ -196,15 +196,7 @@ struct Names {
 
 impl Names {
     fn new() -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let run = format!(
-            "idem_naive_{}_{}",
-            std::process::id(),
-            nanos % 1_000_000_000
-        );
+        let run = support::fresh_prefix("naive");
         Self {
             seen: format!("{run}_seen"),
             naive_effects: format!("{run}_naive_effects"),
@@ -365,10 +357,11 @@ async fn check_then_insert_duplicates_and_begin_does_not(service: &str, url: &st
     );
 
     db.execute(format!(
-        "DROP TABLE IF EXISTS {}, {}, {}, {}, {}_schema",
-        names.seen, names.naive_effects, names.idem_effects, names.records, names.records
+        "DROP TABLE IF EXISTS {}, {}, {}",
+        names.seen, names.naive_effects, names.idem_effects
     ))
     .await;
+    support::drop_tables(&store, url).await;
 
     assert_eq!(
         idem_extra, 0,
