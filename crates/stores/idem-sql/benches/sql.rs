@@ -21,8 +21,9 @@
 //!
 //! `cargo bench -p idem-sql --bench sql [-- postgres|mysql cycles|why]`;
 //! `IDEM_BENCH_SECS` (5) a timed cell, `IDEM_BENCH_RUNS` (3),
-//! `IDEM_BENCH_DELIVERIES` (16 000) a "why" cell, `PGBENCH` (else found
-//! under /usr/lib/postgresql).
+//! `IDEM_BENCH_DELIVERIES` (16 000) a "why" cell, `IDEM_BENCH_ONLY` (the
+//! cells whose label holds it), `PGBENCH` (else found under
+//! /usr/lib/postgresql).
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -55,8 +56,9 @@ const HANDLER: Duration = Duration::from_millis(1);
 const BATCH: usize = 256;
 /// Connections of every pool: the store's default.
 const POOL: u32 = 16;
-/// Seconds of untimed work that open a cell's connections.
-const WARM_UP: f64 = 0.3;
+/// A deadline already passed: each task does one round, untimed, which
+/// opens the connections before the clock starts.
+const WARM_UP: f64 = 0.0;
 
 fn env_or<T: std::str::FromStr>(var: &str, default: T) -> T {
     std::env::var(var)
@@ -268,14 +270,15 @@ impl Server {
         }
     }
 
-    /// Commits, log flushes and log bytes so far, server-wide. On
-    /// PostgreSQL a backend publishes its counts when it exits, so this
-    /// waits until the bench's other connections are gone.
-    async fn counts(&self) -> Counts {
+    /// Commits, log flushes, log bytes and CPU so far, server-wide. A
+    /// PostgreSQL backend publishes its counts at least once a second while
+    /// busy, and all of them when it exits: `ended` waits until the cell's
+    /// connections are gone.
+    async fn counts(&self, ended: bool) -> Counts {
         match self {
             Server::Postgres { admin, .. } => {
                 let started = Instant::now();
-                loop {
+                while ended && started.elapsed() < Duration::from_secs(10) {
                     let left: i64 = sqlx::query(
                         "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
                     )
@@ -284,7 +287,7 @@ impl Server {
                     .await
                     .expect("pg_stat_activity")
                     .get(0);
-                    if left == 0 || started.elapsed() > Duration::from_secs(10) {
+                    if left == 0 {
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -356,27 +359,63 @@ impl Server {
         }
     }
 
-    /// Empties every table the cells write, so each starts alike.
-    async fn reset(&self) {
-        match self {
-            Server::Postgres { .. } => {
-                self.exec(&format!("TRUNCATE {RECORDS}, {DEDUP}, {ORDERS}"))
-                    .await;
-                // Every cell starts with the same WAL ahead of it.
-                self.exec("CHECKPOINT").await;
-            }
-            Server::MySql { .. } => {
-                for t in [RECORDS, DEDUP, ORDERS] {
-                    self.exec(&format!("TRUNCATE TABLE {t}")).await;
-                }
-            }
+    /// Empties every table the cells write, then fills each with `rows`
+    /// rows that look like a running system's (completed records, seen
+    /// ids, orders done) and has the planner read them, so every cell
+    /// starts alike from a table with statistics; adds `orders` orders
+    /// `o0` … not done yet, for the pessimistic pattern. With no rows at
+    /// all the tables stay empty and without statistics, as just made.
+    async fn reset(&self, rows: usize, orders: usize) {
+        let pg = matches!(self, Server::Postgres { .. });
+        for t in [RECORDS, DEDUP, ORDERS] {
+            self.exec(&format!("TRUNCATE TABLE {t}")).await;
         }
-    }
-
-    /// `n` business rows `o0` … for the pessimistic pattern, not done.
-    async fn orders(&self, n: usize) {
-        for start in (0..n).step_by(1000) {
-            let values: Vec<String> = (start..(start + 1000).min(n))
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let bytes = |b: &[u8]| {
+            let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+            if pg {
+                format!("'\\x{hex}'::bytea")
+            } else {
+                format!("X'{hex}'")
+            }
+        };
+        let mut ids = Ids::new(usize::MAX);
+        for start in (0..rows).step_by(1000) {
+            let chunk = start..(start + 1000).min(rows);
+            let records: Vec<String> = chunk
+                .clone()
+                .map(|_| {
+                    format!(
+                        "({}, {}, 2, {}, NULL, 1, {now_ms}, 0, {}, {now_ms}, {})",
+                        bytes(b"bench"),
+                        bytes(ids.next().as_bytes()),
+                        now_ms * 1024,
+                        bytes(b"ok"),
+                        now_ms + 86_400_000
+                    )
+                })
+                .collect();
+            let seen: Vec<String> = chunk
+                .clone()
+                .map(|_| format!("('{}')", ids.next()))
+                .collect();
+            let done: Vec<String> = chunk.map(|i| format!("('p{i}', TRUE)")).collect();
+            self.exec(&format!(
+                "INSERT INTO {RECORDS} (ns, k, state, token, fp, attempts, started_at,
+                   lease_until, outcome, completed_at, expires_at) VALUES {};
+                 INSERT INTO {DEDUP} (k) VALUES {};
+                 INSERT INTO {ORDERS} (k, done) VALUES {}",
+                records.join(","),
+                seen.join(","),
+                done.join(",")
+            ))
+            .await;
+        }
+        for start in (0..orders).step_by(1000) {
+            let values: Vec<String> = (start..(start + 1000).min(orders))
                 .map(|i| format!("('o{i}')"))
                 .collect();
             self.exec(&format!(
@@ -385,6 +424,42 @@ impl Server {
             ))
             .await;
         }
+        if rows + orders > 0 {
+            self.exec(&format!(
+                "ANALYZE {}{RECORDS}, {DEDUP}, {ORDERS}",
+                if pg { "" } else { "TABLE " }
+            ))
+            .await;
+        }
+        if pg {
+            // Every cell starts with the same WAL ahead of it.
+            self.exec("CHECKPOINT").await;
+        }
+    }
+
+    /// A plain pool of `POOL` connections, all open.
+    async fn plain(&self) -> Plain {
+        let pool = match self {
+            Server::Postgres { .. } => Plain::Postgres(
+                PgPoolOptions::new()
+                    .max_connections(POOL)
+                    .connect(&self.url())
+                    .await
+                    .expect("PostgreSQL pool"),
+            ),
+            Server::MySql { url, .. } => Plain::MySql(
+                MySqlPoolOptions::new()
+                    .max_connections(POOL)
+                    .connect(url)
+                    .await
+                    .expect("MySQL pool"),
+            ),
+        };
+        match &pool {
+            Plain::Postgres(p) => drop(join_all((0..POOL).map(|_| p.acquire())).await),
+            Plain::MySql(p) => drop(join_all((0..POOL).map(|_| p.acquire())).await),
+        }
+        pool
     }
 
     async fn store(&self, coalesce: bool) -> SqlStore {
@@ -408,10 +483,16 @@ enum Work {
         clients: usize,
         keys: usize,
     },
-    /// `INSERT IGNORE` of `keys` fresh keys a statement, from `tasks` tasks.
-    InsertIgnore { tasks: usize, keys: usize },
+    /// The dedup statement of `keys` fresh keys, from `tasks` tasks on
+    /// the client stack idem uses (sqlx, Tokio).
+    Statement { tasks: usize, keys: usize },
     /// `begin` + `complete`, one key a call.
-    Single { tasks: usize, coalesce: bool },
+    Single {
+        tasks: usize,
+        coalesce: bool,
+        /// Starts from empty tables without statistics, as just made.
+        cold: bool,
+    },
     /// `begin_many` + `complete_many` of `BATCH` keys.
     Batched { tasks: usize },
     /// `N` deliveries, each key `per_key` times: the pessimistic pattern.
@@ -482,7 +563,7 @@ where
 async fn single_cycles(store: SqlStore, task: usize, deadline: Instant) -> u64 {
     let mut ids = Ids::new(task);
     let mut n = 0;
-    while Instant::now() < deadline {
+    while n == 0 || Instant::now() < deadline {
         let key = ids.key();
         let Begin::Acquired(claim) = store.begin(&key, None, LEASE).await.expect("begin") else {
             panic!("a fresh key was not acquired");
@@ -505,7 +586,7 @@ async fn single_cycles(store: SqlStore, task: usize, deadline: Instant) -> u64 {
 async fn batched_cycles(store: SqlStore, task: usize, deadline: Instant) -> u64 {
     let mut ids = Ids::new(task);
     let mut n = 0;
-    while Instant::now() < deadline {
+    while n == 0 || Instant::now() < deadline {
         let items: Vec<BeginItem> = (0..BATCH)
             .map(|_| BeginItem {
                 key: ids.key(),
@@ -539,21 +620,43 @@ async fn batched_cycles(store: SqlStore, task: usize, deadline: Instant) -> u64 
     n
 }
 
-/// `INSERT IGNORE` of `keys` keys a statement until the deadline.
-async fn insert_ignore(pool: MySqlPool, keys: usize, task: usize, deadline: Instant) -> u64 {
-    let sql = format!(
-        "INSERT IGNORE INTO {DEDUP} (k) VALUES {}",
-        vec!["(?)"; keys].join(",")
-    );
+/// The dedup statement of `keys` fresh keys, in autocommit, until the
+/// deadline: `INSERT … ON CONFLICT DO NOTHING` on PostgreSQL, `INSERT
+/// IGNORE` on MySQL.
+async fn dedup_statements(pool: Arc<Plain>, keys: usize, task: usize, deadline: Instant) -> u64 {
     let mut ids = Ids::new(task);
     let mut n = 0;
-    while Instant::now() < deadline {
-        let mut q = sqlx::query(AssertSqlSafe(&*sql));
-        for _ in 0..keys {
-            q = q.bind(ids.next());
-        }
-        q.execute(&pool).await.expect("INSERT IGNORE");
-        n += keys as u64;
+    macro_rules! run {
+        ($pool:expr, $sql:expr) => {{
+            let sql = $sql;
+            while n == 0 || Instant::now() < deadline {
+                let mut q = sqlx::query(AssertSqlSafe(&*sql));
+                for _ in 0..keys {
+                    q = q.bind(ids.next());
+                }
+                q.execute($pool).await.expect("the dedup statement");
+                n += keys as u64;
+            }
+        }};
+    }
+    match &*pool {
+        Plain::Postgres(p) => run!(
+            p,
+            format!(
+                "INSERT INTO {DEDUP} (k) VALUES {} ON CONFLICT DO NOTHING",
+                (1..=keys)
+                    .map(|i| format!("(${i})"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+        ),
+        Plain::MySql(p) => run!(
+            p,
+            format!(
+                "INSERT IGNORE INTO {DEDUP} (k) VALUES {}",
+                vec!["(?)"; keys].join(",")
+            )
+        ),
     }
     n
 }
@@ -567,7 +670,7 @@ fn order(n: usize, per_key: usize) -> String {
 /// The pessimistic pattern, one delivery: lock the message's row, run the
 /// handler unless it is done, mark it done, commit. Answers whether the
 /// handler ran.
-async fn pessimistic(server: &PessimisticPool, key: &str) -> bool {
+async fn pessimistic(pool: &Plain, key: &str) -> bool {
     macro_rules! deliver {
         ($pool:expr, $select:expr, $update:expr) => {{
             let mut tx = $pool.begin().await.expect("BEGIN");
@@ -589,13 +692,13 @@ async fn pessimistic(server: &PessimisticPool, key: &str) -> bool {
             !done
         }};
     }
-    match server {
-        PessimisticPool::Postgres(pool) => deliver!(
+    match pool {
+        Plain::Postgres(pool) => deliver!(
             pool,
             "SELECT done FROM idem_bench_orders WHERE k = $1 FOR UPDATE",
             "UPDATE idem_bench_orders SET done = TRUE WHERE k = $1"
         ),
-        PessimisticPool::MySql(pool) => deliver!(
+        Plain::MySql(pool) => deliver!(
             pool,
             "SELECT done FROM idem_bench_orders WHERE k = ? FOR UPDATE",
             "UPDATE idem_bench_orders SET done = TRUE WHERE k = ?"
@@ -603,9 +706,19 @@ async fn pessimistic(server: &PessimisticPool, key: &str) -> bool {
     }
 }
 
-enum PessimisticPool {
+/// A plain connection pool, for the baselines.
+enum Plain {
     Postgres(PgPool),
     MySql(MySqlPool),
+}
+
+impl Plain {
+    async fn close(&self) {
+        match self {
+            Plain::Postgres(p) => p.close().await,
+            Plain::MySql(p) => p.close().await,
+        }
+    }
 }
 
 /// idem, one delivery: claim, handler, complete. A key another delivery
@@ -708,7 +821,13 @@ fn pgbench(pgbench: &PathBuf, url: &str, script: &str, clients: usize, secs: f64
 
 /// Measures `work` once on `server`: warm-up, empty tables, the run;
 /// answers items, seconds and what the server counted.
-async fn measure(server: &Server, work: Work, secs: f64, n: usize) -> (u64, f64, Counts) {
+async fn measure(
+    server: &Server,
+    work: Work,
+    secs: f64,
+    n: usize,
+    rows: usize,
+) -> (u64, f64, Counts) {
     match work {
         Work::Pgbench {
             script,
@@ -721,58 +840,55 @@ async fn measure(server: &Server, work: Work, secs: f64, n: usize) -> (u64, f64,
             else {
                 unreachable!()
             };
-            server.reset().await;
-            let before = server.counts().await;
+            server.reset(rows, 0).await;
+            let before = server.counts(false).await;
             let (bin, url) = (bin.clone(), url.clone());
             let secs = secs.round().max(1.0);
             let tps =
                 tokio::task::spawn_blocking(move || pgbench(&bin, &url, script, clients, secs))
                     .await
                     .unwrap();
-            let counts = server.counts().await - before;
+            let counts = server.counts(true).await - before;
             let items = tps * secs * keys as f64;
             (items as u64, secs, counts)
         }
-        Work::InsertIgnore { tasks, keys } => {
-            let Server::MySql { url, .. } = server else {
-                unreachable!()
-            };
-            let pool = MySqlPoolOptions::new()
-                .max_connections(POOL)
-                .connect(url)
-                .await
-                .expect("MySQL pool");
+        Work::Statement { tasks, keys } => {
+            let pool = Arc::new(server.plain().await);
             let p = pool.clone();
             timed(tasks, WARM_UP, move |t, d| {
-                insert_ignore(p.clone(), keys, t, d)
+                dedup_statements(p.clone(), keys, t, d)
             })
             .await;
-            server.reset().await;
-            let before = server.counts().await;
+            server.reset(rows, 0).await;
+            let before = server.counts(false).await;
             let p = pool.clone();
             let (items, took) = timed(tasks, secs, move |t, d| {
-                insert_ignore(p.clone(), keys, t, d)
+                dedup_statements(p.clone(), keys, t, d)
             })
             .await;
             pool.close().await;
-            (items, took, server.counts().await - before)
+            (items, took, server.counts(true).await - before)
         }
-        Work::Single { tasks, coalesce } => {
+        Work::Single {
+            tasks,
+            coalesce,
+            cold,
+        } => {
             let store = server.store(coalesce).await;
             warm_up(&store, tasks).await;
-            server.reset().await;
-            let before = server.counts().await;
+            server.reset(if cold { 0 } else { rows }, 0).await;
+            let before = server.counts(false).await;
             let s = store.clone();
             let (items, took) =
                 timed(tasks, secs, move |t, d| single_cycles(s.clone(), t, d)).await;
             drop(store);
-            (items, took, server.counts().await - before)
+            (items, took, server.counts(true).await - before)
         }
         Work::Claim { tasks, per_key } => {
             let store = server.store(true).await;
             warm_up(&store, tasks).await;
-            server.reset().await;
-            let before = server.counts().await;
+            server.reset(rows, 0).await;
+            let before = server.counts(false).await;
             let s = store.clone();
             let (items, took) = deliveries(tasks, n, per_key, move |k| {
                 let s = s.clone();
@@ -780,49 +896,24 @@ async fn measure(server: &Server, work: Work, secs: f64, n: usize) -> (u64, f64,
             })
             .await;
             drop(store);
-            (items, took, server.counts().await - before)
+            (items, took, server.counts(true).await - before)
         }
         Work::Batched { tasks } => {
             let store = server.store(true).await;
             let s = store.clone();
             timed(tasks, WARM_UP, move |t, d| batched_cycles(s.clone(), t, d)).await;
-            server.reset().await;
-            let before = server.counts().await;
+            server.reset(rows, 0).await;
+            let before = server.counts(false).await;
             let s = store.clone();
             let (items, took) =
                 timed(tasks, secs, move |t, d| batched_cycles(s.clone(), t, d)).await;
             drop(store);
-            (items, took, server.counts().await - before)
+            (items, took, server.counts(true).await - before)
         }
         Work::Pessimistic { tasks, per_key } => {
-            let pool = match server {
-                Server::Postgres { .. } => PessimisticPool::Postgres(
-                    PgPoolOptions::new()
-                        .max_connections(POOL)
-                        .connect(&server.url())
-                        .await
-                        .expect("PostgreSQL pool"),
-                ),
-                Server::MySql { url, .. } => PessimisticPool::MySql(
-                    MySqlPoolOptions::new()
-                        .max_connections(POOL)
-                        .connect(url)
-                        .await
-                        .expect("MySQL pool"),
-                ),
-            };
-            // Open every connection before the clock starts.
-            match &pool {
-                PessimisticPool::Postgres(p) => {
-                    join_all((0..POOL).map(|_| p.acquire())).await;
-                }
-                PessimisticPool::MySql(p) => {
-                    join_all((0..POOL).map(|_| p.acquire())).await;
-                }
-            }
-            server.reset().await;
-            server.orders(n.div_ceil(per_key)).await;
-            let before = server.counts().await;
+            let pool = server.plain().await;
+            server.reset(rows, n.div_ceil(per_key)).await;
+            let before = server.counts(false).await;
             let pool = Arc::new(pool);
             let p = pool.clone();
             let (items, took) = deliveries(tasks, n, per_key, move |k| {
@@ -830,11 +921,8 @@ async fn measure(server: &Server, work: Work, secs: f64, n: usize) -> (u64, f64,
                 async move { pessimistic(&p, &k).await }
             })
             .await;
-            match &*pool {
-                PessimisticPool::Postgres(p) => p.close().await,
-                PessimisticPool::MySql(p) => p.close().await,
-            }
-            (items, took, server.counts().await - before)
+            pool.close().await;
+            (items, took, server.counts(true).await - before)
         }
     }
 }
@@ -845,116 +933,76 @@ async fn warm_up(store: &SqlStore, tasks: usize) {
     timed(tasks, WARM_UP, move |t, d| single_cycles(s.clone(), t, d)).await;
 }
 
+/// Rows 0–3 are the baselines the idem rows are compared with: one key a
+/// statement at 1 and 16 clients, then 256 keys a statement.
 fn cycle_cells(server: &Server) -> Vec<Cell> {
+    let statement = |label: &str, tasks, keys| {
+        let unit = if keys == 1 { "inserts/s" } else { "keys/s" };
+        Cell::new(label, Work::Statement { tasks, keys }, unit)
+    };
     let mut cells = match server {
-        Server::Postgres { .. } => vec![
-            Cell::new(
-                "pgbench insert.sql, 1 client",
-                Work::Pgbench {
-                    script: "insert.sql",
-                    clients: 1,
-                    keys: 1,
-                },
-                "inserts/s",
-            ),
-            Cell::new(
-                "pgbench insert.sql, 16 clients",
-                Work::Pgbench {
-                    script: "insert.sql",
-                    clients: 16,
-                    keys: 1,
-                },
-                "inserts/s",
-            ),
-            Cell::new(
-                "pgbench insert_256.sql, 1 client",
-                Work::Pgbench {
-                    script: "insert_256.sql",
-                    clients: 1,
-                    keys: BATCH,
-                },
-                "keys/s",
-            ),
-            Cell::new(
-                "pgbench insert_256.sql, 16 clients",
-                Work::Pgbench {
-                    script: "insert_256.sql",
-                    clients: 16,
-                    keys: BATCH,
-                },
-                "keys/s",
-            ),
-        ],
+        Server::Postgres { .. } => {
+            let pgbench = |label: &str, script, clients, keys| {
+                let unit = if keys == 1 { "inserts/s" } else { "keys/s" };
+                let work = Work::Pgbench {
+                    script,
+                    clients,
+                    keys,
+                };
+                Cell::new(label, work, unit)
+            };
+            vec![
+                pgbench("pgbench insert.sql, 1 client", "insert.sql", 1, 1),
+                pgbench("pgbench insert.sql, 16 clients", "insert.sql", 16, 1),
+                pgbench(
+                    "pgbench insert_256.sql, 1 client",
+                    "insert_256.sql",
+                    1,
+                    BATCH,
+                ),
+                pgbench(
+                    "pgbench insert_256.sql, 16 clients",
+                    "insert_256.sql",
+                    16,
+                    BATCH,
+                ),
+                statement("the same INSERT from sqlx (idem's client), 1 task", 1, 1),
+                statement("the same INSERT from sqlx (idem's client), 16 tasks", 16, 1),
+            ]
+        }
         Server::MySql { .. } => vec![
-            Cell::new(
-                "INSERT IGNORE, 1 task",
-                Work::InsertIgnore { tasks: 1, keys: 1 },
-                "inserts/s",
-            ),
-            Cell::new(
-                "INSERT IGNORE, 16 tasks",
-                Work::InsertIgnore { tasks: 16, keys: 1 },
-                "inserts/s",
-            ),
-            Cell::new(
-                "INSERT IGNORE of 256 keys, 1 task",
-                Work::InsertIgnore {
-                    tasks: 1,
-                    keys: BATCH,
-                },
-                "keys/s",
-            ),
-            Cell::new(
-                "INSERT IGNORE of 256 keys, 16 tasks",
-                Work::InsertIgnore {
-                    tasks: 16,
-                    keys: BATCH,
-                },
-                "keys/s",
-            ),
+            statement("INSERT IGNORE, 1 task", 1, 1),
+            statement("INSERT IGNORE, 16 tasks", 16, 1),
+            statement("INSERT IGNORE of 256 keys, 1 task", 1, BATCH),
+            statement("INSERT IGNORE of 256 keys, 16 tasks", 16, BATCH),
         ],
     };
+    let single = |label: &str, tasks, coalesce| {
+        let work = Work::Single {
+            tasks,
+            coalesce,
+            cold: false,
+        };
+        Cell::new(label, work, "cycles/s")
+    };
+    let batched = |label: &str, tasks| Cell::new(label, Work::Batched { tasks }, "cycles/s");
     cells.extend([
-        Cell::new(
-            "idem begin+complete, 1 task",
-            Work::Single {
-                tasks: 1,
-                coalesce: true,
-            },
-            "cycles/s",
-        )
-        .vs(0, None),
-        Cell::new(
-            "idem begin+complete, 16 tasks (coalesced)",
-            Work::Single {
-                tasks: 16,
-                coalesce: true,
-            },
-            "cycles/s",
-        )
-        .vs(1, Some("≥ 0.7×")),
-        Cell::new(
-            "idem begin+complete, 16 tasks, a statement each",
-            Work::Single {
-                tasks: 16,
-                coalesce: false,
-            },
-            "cycles/s",
-        )
-        .vs(1, None),
-        Cell::new(
-            "idem begin_many+complete_many of 256, 1 task",
-            Work::Batched { tasks: 1 },
-            "cycles/s",
-        )
-        .vs(2, Some("≥ 50 k/s")),
-        Cell::new(
-            "idem begin_many+complete_many of 256, 16 tasks",
-            Work::Batched { tasks: 16 },
-            "cycles/s",
-        )
-        .vs(3, Some("≥ 50 k/s")),
+        single("idem begin+complete, 1 task", 1, true).vs(0, None),
+        single("idem begin+complete, 16 tasks (coalesced)", 16, true).vs(1, Some("≥ 0.7×")),
+        single("idem begin+complete, 16 tasks, a statement each", 16, false).vs(1, None),
+        batched("idem begin_many+complete_many of 256, 1 task", 1).vs(2, Some("≥ 50 k/s")),
+        batched("idem begin_many+complete_many of 256, 16 tasks", 16).vs(3, Some("≥ 50 k/s")),
     ]);
+    if let Server::Postgres { .. } = server {
+        let work = Work::Single {
+            tasks: 16,
+            coalesce: true,
+            cold: true,
+        };
+        let label =
+            "idem begin+complete, 16 tasks (coalesced), on a just-made table (no statistics)";
+        cells.push(Cell::new(label, work, "cycles/s").vs(1, None));
+    }
     cells
 }
 
@@ -985,16 +1033,16 @@ fn why_cells() -> Vec<Cell> {
 
 fn print_table(server: &str, title: &str, cells: &[Cell], per: &str) {
     println!("\n### {server}: {title}\n");
-    let runs = cells.first().map_or(0, |c| c.rates.len());
+    let runs = cells.iter().map(|c| c.rates.len()).max().unwrap_or(0);
     let heads: Vec<String> = (1..=runs).map(|r| format!("run {r}")).collect();
     println!(
         "| what | unit | {} | median | ratio | commits / {per} | log flushes / {per} | log bytes / {per} | server CPU µs / {per} | client CPU µs / {per} |",
         heads.join(" | ")
     );
     println!("|{}", " --- |".repeat(9 + runs));
-    for c in cells {
+    for c in cells.iter().filter(|c| !c.rates.is_empty()) {
         let runs: Vec<String> = c.rates.iter().map(|r| format!("{r:.0}")).collect();
-        let ratio = match c.vs {
+        let ratio = match c.vs.filter(|&v| !cells[v].rates.is_empty()) {
             Some(v) => {
                 let r = c.median() / cells[v].median();
                 match c.target {
@@ -1074,6 +1122,8 @@ fn main() {
     let secs: f64 = env_or("IDEM_BENCH_SECS", 5.0);
     let runs: usize = env_or("IDEM_BENCH_RUNS", 3);
     let n: usize = env_or("IDEM_BENCH_DELIVERIES", 16_000);
+    let only: String = env_or("IDEM_BENCH_ONLY", String::new());
+    let rows: usize = env_or("IDEM_BENCH_ROWS", 100_000);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -1123,8 +1173,9 @@ fn main() {
             }
             for run in 0..runs {
                 for (_, cells, _) in tables.iter_mut() {
-                    for cell in cells.iter_mut() {
-                        let (items, took, counts) = measure(&server, cell.work, secs, n).await;
+                    for cell in cells.iter_mut().filter(|c| c.label.contains(&only)) {
+                        let (items, took, counts) =
+                            measure(&server, cell.work, secs, n, rows).await;
                         let rate = items as f64 / took;
                         eprintln!(
                             "run {}: {service}, {}: {rate:.0} {}",
