@@ -933,8 +933,9 @@ async fn warm_up(store: &SqlStore, tasks: usize) {
     timed(tasks, WARM_UP, move |t, d| single_cycles(s.clone(), t, d)).await;
 }
 
-/// Rows 0–3 are the baselines the idem rows are compared with: one key a
-/// statement at 1 and 16 clients, then 256 keys a statement.
+/// Rows 0–4 are the baselines the idem rows are compared with: one key a
+/// statement at 1, 16 and 64 clients, then 256 keys a statement at 1 and
+/// 16.
 fn cycle_cells(server: &Server) -> Vec<Cell> {
     let statement = |label: &str, tasks, keys| {
         let unit = if keys == 1 { "inserts/s" } else { "keys/s" };
@@ -954,6 +955,7 @@ fn cycle_cells(server: &Server) -> Vec<Cell> {
             vec![
                 pgbench("pgbench insert.sql, 1 client", "insert.sql", 1, 1),
                 pgbench("pgbench insert.sql, 16 clients", "insert.sql", 16, 1),
+                pgbench("pgbench insert.sql, 64 clients", "insert.sql", 64, 1),
                 pgbench(
                     "pgbench insert_256.sql, 1 client",
                     "insert_256.sql",
@@ -973,6 +975,7 @@ fn cycle_cells(server: &Server) -> Vec<Cell> {
         Server::MySql { .. } => vec![
             statement("INSERT IGNORE, 1 task", 1, 1),
             statement("INSERT IGNORE, 16 tasks", 16, 1),
+            statement("INSERT IGNORE, 64 tasks", 64, 1),
             statement("INSERT IGNORE of 256 keys, 1 task", 1, BATCH),
             statement("INSERT IGNORE of 256 keys, 16 tasks", 16, BATCH),
         ],
@@ -990,8 +993,9 @@ fn cycle_cells(server: &Server) -> Vec<Cell> {
         single("idem begin+complete, 1 task", 1, true).vs(0, None),
         single("idem begin+complete, 16 tasks (coalesced)", 16, true).vs(1, Some("≥ 0.7×")),
         single("idem begin+complete, 16 tasks, a statement each", 16, false).vs(1, None),
-        batched("idem begin_many+complete_many of 256, 1 task", 1).vs(2, Some("≥ 50 k/s")),
-        batched("idem begin_many+complete_many of 256, 16 tasks", 16).vs(3, Some("≥ 50 k/s")),
+        single("idem begin+complete, 64 tasks (coalesced)", 64, true).vs(2, None),
+        batched("idem begin_many+complete_many of 256, 1 task", 1).vs(3, Some("≥ 50 k/s")),
+        batched("idem begin_many+complete_many of 256, 16 tasks", 16).vs(4, Some("≥ 50 k/s")),
     ]);
     if let Server::Postgres { .. } = server {
         let work = Work::Single {
@@ -1012,6 +1016,7 @@ fn why_cells() -> Vec<Cell> {
         ("fresh keys, 16 tasks", 16, 1),
         ("fresh keys, 64 tasks", 64, 1),
         ("8 deliveries a key at once, 16 tasks", 16, 8),
+        ("8 deliveries a key at once, 64 tasks", 64, 8),
     ] {
         let row = cells.len();
         cells.push(Cell::new(
