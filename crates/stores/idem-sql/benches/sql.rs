@@ -12,18 +12,24 @@
 //! - **Why a claim**, on both: a transaction that holds `SELECT … FOR
 //!   UPDATE` on the message's row through a 1 ms handler, then `UPDATE`,
 //!   `COMMIT` (the pessimistic pattern), against `begin`, the same handler,
-//!   `complete`: fresh keys, and 8 deliveries of each key at once.
+//!   `complete`: fresh keys, and 8 deliveries of each key at once. Where
+//!   the pessimistic delivery waits for the row's lock, idem's hands the
+//!   message back, as its consumer runner does, and is delivered again
+//!   after the first pass.
 //!
-//! Each cell starts from empty tables after a warm-up; every run goes
-//! through all cells, baselines beside idem, and a figure is the median of
-//! the runs. Beside each rate, what an item cost the server: commits, log
-//! flushes, log bytes (server-wide counters: read them on a quiet server).
+//! Each cell starts from tables emptied, then filled with 100 000 rows the
+//! planner has read (PostgreSQL also checkpoints), and one untimed round
+//! per task that opens the connections; every run goes through all cells,
+//! baselines beside idem, and a figure is the median of the runs. Beside
+//! each rate, what an item cost: commits, log flushes and log bytes
+//! (server-wide counters), CPU of the server's processes and of this one
+//! (with pgbench): read them from a quiet machine.
 //!
 //! `cargo bench -p idem-sql --bench sql [-- postgres|mysql cycles|why]`;
 //! `IDEM_BENCH_SECS` (5) a timed cell, `IDEM_BENCH_RUNS` (3),
-//! `IDEM_BENCH_DELIVERIES` (16 000) a "why" cell, `IDEM_BENCH_ONLY` (the
-//! cells whose label holds it), `PGBENCH` (else found under
-//! /usr/lib/postgresql).
+//! `IDEM_BENCH_DELIVERIES` (16 000) a "why" cell, `IDEM_BENCH_ROWS`
+//! (100 000), `IDEM_BENCH_ONLY` (the cells whose label holds it),
+//! `PGBENCH` (else found under /usr/lib/postgresql).
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -662,15 +668,26 @@ async fn dedup_statements(pool: Arc<Plain>, keys: usize, task: usize, deadline: 
 }
 
 /// Which key the `n`th delivery carries: `per_key` deliveries in a row
-/// share one.
+/// share one, and arrive together.
 fn order(n: usize, per_key: usize) -> String {
     format!("o{}", n / per_key)
 }
 
-/// The pessimistic pattern, one delivery: lock the message's row, run the
-/// handler unless it is done, mark it done, commit. Answers whether the
-/// handler ran.
-async fn pessimistic(pool: &Plain, key: &str) -> bool {
+/// How a delivery ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Settled {
+    /// The handler ran.
+    Ran,
+    /// The message was handled before.
+    Done,
+    /// Another delivery holds the message: handed back, to come again.
+    Later,
+}
+
+/// The pessimistic pattern, one delivery: lock the message's row (waiting
+/// for whoever holds it), run the handler unless it is done, mark it done,
+/// commit.
+async fn pessimistic(pool: &Plain, key: &str) -> Settled {
     macro_rules! deliver {
         ($pool:expr, $select:expr, $update:expr) => {{
             let mut tx = $pool.begin().await.expect("BEGIN");
@@ -689,7 +706,7 @@ async fn pessimistic(pool: &Plain, key: &str) -> bool {
                     .expect("UPDATE");
             }
             tx.commit().await.expect("COMMIT");
-            !done
+            if done { Settled::Done } else { Settled::Ran }
         }};
     }
     match pool {
@@ -722,64 +739,69 @@ impl Plain {
 }
 
 /// idem, one delivery: claim, handler, complete. A key another delivery
-/// holds is asked again after one handler's time (as a redelivery would
-/// come back), so that every delivery ends knowing the outcome, as the
-/// pessimistic one does. Answers whether the handler ran.
-async fn claim(store: &SqlStore, key: &str) -> bool {
+/// holds is handed back, as idem's consumer runner does (the broker
+/// redelivers it after the holder's lease).
+async fn claim(store: &SqlStore, key: &str) -> Settled {
     let key = Key::new("bench", key.to_owned()).unwrap();
-    loop {
-        match store.begin(&key, None, LEASE).await.expect("begin") {
-            Begin::Acquired(claim) => {
-                tokio::time::sleep(HANDLER).await;
-                let done = store
-                    .complete(
-                        &key,
-                        claim.token,
-                        Some(Bytes::from_static(b"ok")),
-                        RETENTION,
-                    )
-                    .await
-                    .expect("complete");
-                assert_eq!(done, Fenced::Ok(()));
-                return true;
-            }
-            Begin::Completed { .. } => return false,
-            Begin::InProgress { retry_after } => {
-                tokio::time::sleep(retry_after.min(HANDLER)).await;
-            }
-            Begin::Mismatch => unreachable!("no fingerprints here"),
+    match store.begin(&key, None, LEASE).await.expect("begin") {
+        Begin::Acquired(claim) => {
+            tokio::time::sleep(HANDLER).await;
+            let done = store
+                .complete(
+                    &key,
+                    claim.token,
+                    Some(Bytes::from_static(b"ok")),
+                    RETENTION,
+                )
+                .await
+                .expect("complete");
+            assert_eq!(done, Fenced::Ok(()));
+            Settled::Ran
         }
+        Begin::Completed { .. } => Settled::Done,
+        Begin::InProgress { .. } => Settled::Later,
+        Begin::Mismatch => unreachable!("no fingerprints here"),
     }
 }
 
-/// Runs `deliveries` deliveries from `tasks` tasks; answers deliveries and
-/// seconds, after checking the handler ran once per key.
+/// Runs `deliveries` deliveries from `tasks` tasks, then the ones handed
+/// back, again, until every one is settled (the redeliveries come after
+/// the first pass: by then the broker's delay would have passed); answers
+/// deliveries and seconds, after checking the handler ran once per key.
 async fn deliveries<F, Fut>(tasks: usize, deliveries: usize, per_key: usize, one: F) -> (u64, f64)
 where
     F: Fn(String) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = bool> + Send,
+    Fut: Future<Output = Settled> + Send,
 {
     let one = Arc::new(one);
-    let next = Arc::new(AtomicUsize::new(0));
     let ran = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
-    let handles: Vec<_> = (0..tasks)
-        .map(|_| {
-            let (one, next, ran) = (one.clone(), next.clone(), ran.clone());
-            tokio::spawn(async move {
-                loop {
-                    let n = next.fetch_add(1, Ordering::Relaxed);
-                    if n >= deliveries {
-                        break;
+    let mut keys: Vec<String> = (0..deliveries).map(|n| order(n, per_key)).collect();
+    while !keys.is_empty() {
+        let pass = Arc::new(keys);
+        let next = Arc::new(AtomicUsize::new(0));
+        let handles: Vec<_> = (0..tasks)
+            .map(|_| {
+                let (one, next, ran, pass) = (one.clone(), next.clone(), ran.clone(), pass.clone());
+                tokio::spawn(async move {
+                    let mut later = Vec::new();
+                    while let Some(key) = pass.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        match one(key.clone()).await {
+                            Settled::Ran => drop(ran.fetch_add(1, Ordering::Relaxed)),
+                            Settled::Done => {}
+                            Settled::Later => later.push(key.clone()),
+                        }
                     }
-                    if one(order(n, per_key)).await {
-                        ran.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
+                    later
+                })
             })
-        })
-        .collect();
-    join_all(handles).await;
+            .collect();
+        keys = join_all(handles)
+            .await
+            .into_iter()
+            .flat_map(|later| later.expect("a delivery task"))
+            .collect();
+    }
     let secs = started.elapsed().as_secs_f64();
     assert_eq!(
         ran.load(Ordering::Relaxed),
