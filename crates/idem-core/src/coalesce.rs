@@ -4,7 +4,7 @@
 //! A `begin` or `complete` that finds the store idle goes straight out, so a
 //! lone caller pays no extra hop. While calls are in flight, the operations
 //! that arrive wait in a queue; a driver task sends whatever has gathered as
-//! one many-item call as soon as fewer than [`CALLS_IN_FLIGHT`] of its calls
+//! one many-item call as soon as fewer than `CALLS_IN_FLIGHT` (8) of its calls
 //! are out, after yielding once so that tasks about to queue join this batch
 //! rather than the next. Under load the server then runs one script or
 //! statement for a dozen items instead of one each, and the client encodes
