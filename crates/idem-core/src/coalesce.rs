@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use futures_util::future::BoxFuture;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::StoreError;
+use crate::{Begin, BeginItem, CompleteItem, Fenced, FencingToken, Key, StoreError};
 
 /// Most batched calls the driver keeps out at once; the operations that
 /// arrive meanwhile form the next batch. Measured at 64 tasks on two cores:
@@ -186,5 +186,84 @@ fn answer<I, O>(
         if let Err(Ok(o)) = reply.send(a) {
             unheard(item, o);
         }
+    }
+}
+
+/// What a store that answers over a network does with gathered calls: its
+/// many-item `begin` and `complete`, each item answered on its own, and the
+/// release of one claim.
+pub trait Batched: Send + Sync + 'static {
+    /// `begin` for each item.
+    fn begin_items(
+        &self,
+        items: &[BeginItem],
+    ) -> impl Future<Output = Vec<Result<Begin, StoreError>>> + Send;
+    /// `complete` for each item.
+    fn complete_items(
+        &self,
+        items: &[CompleteItem],
+    ) -> impl Future<Output = Vec<Result<Fenced, StoreError>>> + Send;
+    /// `release` of one claim.
+    fn release(
+        &self,
+        key: &Key,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+}
+
+/// A store's single `begin`s and `complete`s, gathered into batches.
+///
+/// A claim made in a batch for a caller who stopped waiting would only
+/// block its key for a lease, so it is released; a completion stands
+/// whether or not its caller heard.
+pub struct StoreBatches {
+    begin: Coalescer<BeginItem, Begin>,
+    complete: Coalescer<CompleteItem, Fenced>,
+}
+
+impl StoreBatches {
+    /// Gathers calls for `store` (with `batching`; otherwise each goes
+    /// straight out), at most `items_per_call` a batch.
+    pub fn start<S: Batched>(store: Arc<S>, batching: bool, items_per_call: usize) -> Self {
+        let (b, c, r) = (store.clone(), store.clone(), store);
+        StoreBatches {
+            begin: Coalescer::start(
+                move |items: Arc<Vec<BeginItem>>| {
+                    let store = b.clone();
+                    async move { store.begin_items(&items).await }
+                },
+                move |item: &BeginItem, answer: Begin| {
+                    if let Begin::Acquired(claim) = answer {
+                        let (store, key) = (r.clone(), item.key.clone());
+                        tokio::spawn(async move {
+                            if let Err(e) = store.release(&key, claim.token).await {
+                                tracing::warn!(error = %e, "a claim whose caller left stays until its lease ends");
+                            }
+                        });
+                    }
+                },
+                batching,
+                items_per_call,
+            ),
+            complete: Coalescer::start(
+                move |items: Arc<Vec<CompleteItem>>| {
+                    let store = c.clone();
+                    async move { store.complete_items(&items).await }
+                },
+                |_: &CompleteItem, _: Fenced| {},
+                batching,
+                items_per_call,
+            ),
+        }
+    }
+
+    /// Performs one `begin`.
+    pub async fn begin(&self, item: BeginItem) -> Result<Begin, StoreError> {
+        self.begin.call(item).await
+    }
+
+    /// Performs one `complete`.
+    pub async fn complete(&self, item: CompleteItem) -> Result<Fenced, StoreError> {
+        self.complete.call(item).await
     }
 }

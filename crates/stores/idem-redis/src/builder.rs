@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{Begin, BeginItem, CompleteItem, Fenced, Limits};
+use idem_core::Limits;
 
 #[cfg(feature = "tls")]
 use crate::conn::no_certificates;
@@ -11,8 +11,8 @@ use crate::conn::{ConnectError, redacted, supports_nx_get};
 use crate::layout::millis;
 use crate::lock;
 use crate::script::{ITEMS_PER_CALL, Scripts};
-use crate::store::{Batches, Inner, RedisStore};
-use idem_core::coalesce::Coalescer;
+use crate::store::{Inner, RedisStore};
+use idem_core::coalesce::StoreBatches;
 
 /// Configures a [`RedisStore`].
 #[derive(Debug)]
@@ -163,39 +163,11 @@ impl RedisStoreBuilder {
             nx_get,
             timeout: self.timeout,
         });
-        let (b, c, r) = (inner.clone(), inner.clone(), inner.clone());
-        let batches = Arc::new(Batches {
-            begin: Coalescer::start(
-                move |items: Arc<Vec<BeginItem>>| {
-                    let inner = b.clone();
-                    async move { inner.begin_items(&items).await }
-                },
-                // A claim made for a caller who left would only block its
-                // key for a lease: let it go.
-                move |item: &BeginItem, answer: Begin| {
-                    if let Begin::Acquired(claim) = answer {
-                        let (inner, key) = (r.clone(), item.key.clone());
-                        tokio::spawn(async move {
-                            if let Err(e) = inner.release(&key, claim.token).await {
-                                tracing::warn!(error = %e, "a claim whose caller left stays until its lease ends");
-                            }
-                        });
-                    }
-                },
-                self.coalesce,
-                ITEMS_PER_CALL,
-            ),
-            complete: Coalescer::start(
-                move |items: Arc<Vec<CompleteItem>>| {
-                    let inner = c.clone();
-                    async move { inner.complete_items(&items).await }
-                },
-                // A completion stands whether or not its caller heard.
-                |_: &CompleteItem, _: Fenced| {},
-                self.coalesce,
-                ITEMS_PER_CALL,
-            ),
-        });
+        let batches = Arc::new(StoreBatches::start(
+            inner.clone(),
+            self.coalesce,
+            ITEMS_PER_CALL,
+        ));
         Ok(RedisStore { inner, batches })
     }
 }

@@ -1,6 +1,7 @@
 //! The store: its shared state, and the `Store` contract
 //! (docs/contract.md §2) on Redis.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ use crate::layout::{key_in, millis, namespace_prefix, record_key};
 use crate::lock::{self, Lock};
 use crate::reply::{corrupt, fenced, number, parse_begin, parse_record, unavailable};
 use crate::script::{ScriptItem, Scripts};
-use idem_core::coalesce::Coalescer;
+use idem_core::coalesce::{Batched, StoreBatches};
 
 /// The Redis store; see the [crate docs](crate). Clones share one
 /// multiplexed connection, which reconnects by itself after a Redis restart.
@@ -28,12 +29,7 @@ pub struct RedisStore {
     pub(crate) inner: Arc<Inner>,
     /// Sends single `begin`s and `complete`s, gathering concurrent ones
     /// into batches.
-    pub(crate) batches: Arc<Batches>,
-}
-
-pub(crate) struct Batches {
-    pub(crate) begin: Coalescer<BeginItem, Begin>,
-    pub(crate) complete: Coalescer<CompleteItem, Fenced>,
+    pub(crate) batches: Arc<StoreBatches>,
 }
 
 pub(crate) struct Inner {
@@ -98,6 +94,29 @@ impl RedisStore {
             #[cfg(feature = "tls")]
             tls: None,
         }
+    }
+}
+
+/// The many-item calls the store's single calls are gathered into.
+impl Batched for Inner {
+    fn begin_items(
+        &self,
+        items: &[BeginItem],
+    ) -> impl Future<Output = Vec<Result<Begin, StoreError>>> + Send {
+        Inner::begin_items(self, items)
+    }
+    fn complete_items(
+        &self,
+        items: &[CompleteItem],
+    ) -> impl Future<Output = Vec<Result<Fenced, StoreError>>> + Send {
+        Inner::complete_items(self, items)
+    }
+    fn release(
+        &self,
+        key: &Key,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
+        Inner::release(self, key, token)
     }
 }
 
@@ -296,7 +315,7 @@ impl Store for RedisStore {
             fingerprint,
             lease,
         };
-        self.batches.begin.call(item).await
+        self.batches.begin(item).await
     }
 
     /// `complete`: one script call, alone or in a batch with the single
@@ -325,7 +344,7 @@ impl Store for RedisStore {
             outcome,
             retention,
         };
-        self.batches.complete.call(item).await
+        self.batches.complete(item).await
     }
 
     /// `release`: one script call.

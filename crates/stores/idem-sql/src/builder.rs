@@ -5,8 +5,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::coalesce::Coalescer;
-use idem_core::{Begin, BeginItem, CompleteItem, DEFAULT_ABANDONED_RETENTION, Fenced, Limits};
+use idem_core::coalesce::StoreBatches;
+use idem_core::{DEFAULT_ABANDONED_RETENTION, Limits};
 use sqlx::Executor;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -14,7 +14,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use crate::migrate::{self, Dialect, Migrated};
 use crate::mysql::MySql;
 use crate::pg::Postgres;
-use crate::store::{Batches, Db, Inner, SqlStore};
+use crate::store::{Db, Inner, SqlStore};
 use crate::sweep;
 use crate::table::{InvalidTable, Tables};
 
@@ -425,39 +425,11 @@ impl SqlStoreBuilder {
             sweep_batch: i64::from(self.sweep_batch),
             description,
         });
-        let (b, c, r) = (inner.clone(), inner.clone(), inner.clone());
-        let batches = Arc::new(Batches {
-            begin: Coalescer::start(
-                move |items: Arc<Vec<BeginItem>>| {
-                    let inner = b.clone();
-                    async move { inner.begin_items(&items).await }
-                },
-                // A claim made for a caller who left would only block its
-                // key for a lease: let it go.
-                move |item: &BeginItem, answer: Begin| {
-                    if let Begin::Acquired(claim) = answer {
-                        let (inner, key) = (r.clone(), item.key.clone());
-                        tokio::spawn(async move {
-                            if let Err(e) = inner.release(&key, claim.token).await {
-                                tracing::warn!(error = %e, "a claim whose caller left stays until its lease ends");
-                            }
-                        });
-                    }
-                },
-                self.coalesce,
-                ITEMS_PER_STATEMENT,
-            ),
-            complete: Coalescer::start(
-                move |items: Arc<Vec<CompleteItem>>| {
-                    let inner = c.clone();
-                    async move { inner.complete_items(&items).await }
-                },
-                // A completion stands whether or not its caller heard.
-                |_: &CompleteItem, _: Fenced| {},
-                self.coalesce,
-                ITEMS_PER_STATEMENT,
-            ),
-        });
+        let batches = Arc::new(StoreBatches::start(
+            inner.clone(),
+            self.coalesce,
+            ITEMS_PER_STATEMENT,
+        ));
         let sweeper = self
             .sweep_interval
             .map(|every| sweep::spawn(Arc::downgrade(&inner), every));

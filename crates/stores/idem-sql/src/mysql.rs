@@ -22,13 +22,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures_util::TryStreamExt;
 use idem_core::{
-    Begin, BeginItem, Claim, CompleteItem, Entry, Fenced, FencingToken, Key, Lease, Record,
-    RecordState, ScanQuery, StoreError, Timestamp,
+    Begin, BeginItem, CompleteItem, Entry, Fenced, FencingToken, Key, Lease, Record, ScanQuery,
+    StoreError, Timestamp,
 };
 use sqlx::mysql::{MySqlPool, MySqlRow};
 use sqlx::{AssertSqlSafe, Either, Row};
 
-use crate::row::{StoredRow, ms, token, token_column};
+use crate::row::{ScanFilter, StoredRow, ms, token_column};
 use crate::table::Tables;
 
 /// The server's clock in milliseconds.
@@ -206,11 +206,7 @@ impl MySql {
             let now: i64 = get(&row, "now")?;
             let stored = stored_row(&row)?;
             answers[i] = if mine == 1 {
-                Some(Begin::Acquired(Claim {
-                    token: token(stored.token),
-                    lease_expires_at: ms(stored.lease_until),
-                    attempt: u32::try_from(stored.attempts).unwrap_or(1),
-                }))
+                Some(stored.claim())
             } else {
                 stored.answer_begin(items[i].fingerprint, now)?
             };
@@ -396,33 +392,22 @@ impl MySql {
 
     /// One shard's part of a scan, in key order.
     pub async fn scan(&self, shard: u16, query: &ScanQuery) -> Result<Vec<Entry>, StoreError> {
-        let state = query.state.map(|s| match s {
-            RecordState::InProgress => crate::row::IN_PROGRESS,
-            RecordState::Completed => crate::row::COMPLETED,
-        });
-        let older = query
-            .older_than
-            .map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX));
+        let filter = ScanFilter::of(query);
         let rows = sqlx::query(AssertSqlSafe(&*self.scan[usize::from(shard)]))
             .bind(query.namespace.as_str().as_bytes())
             .bind(query.after.as_deref().unwrap_or(&[]))
-            .bind(state)
-            .bind(state)
-            .bind(older)
-            .bind(older)
-            .bind(i64::try_from(query.limit).unwrap_or(i64::MAX))
+            .bind(filter.state)
+            .bind(filter.state)
+            .bind(filter.older_than)
+            .bind(filter.older_than)
+            .bind(filter.limit)
             .fetch_all(&self.pool)
             .await
             .map_err(crate::error::store)?;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
-            let now: i64 = get(&row, "now")?;
-            let k: Vec<u8> = get(&row, "k")?;
-            if let Some(record) = stored_row(&row)?.record(now)? {
-                let key = Key::in_namespace(query.namespace.clone(), k)
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                out.push(Entry { key, record });
-            }
+            let (now, k): (i64, Vec<u8>) = (get(&row, "now")?, get(&row, "k")?);
+            out.extend(stored_row(&row)?.entry(&query.namespace, k, now)?);
         }
         Ok(out)
     }

@@ -8,13 +8,13 @@
 //! (`clock_timestamp()`, in milliseconds), read once per statement.
 
 use idem_core::{
-    Begin, BeginItem, Claim, CompleteItem, Entry, Fenced, FencingToken, Key, Lease, Record,
-    RecordState, ScanQuery, StoreError, Timestamp,
+    Begin, BeginItem, CompleteItem, Entry, Fenced, FencingToken, Key, Lease, Record, ScanQuery,
+    StoreError, Timestamp,
 };
 use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Row};
 
-use crate::row::{StoredRow, ms, token, token_column};
+use crate::row::{ScanFilter, StoredRow, ms, token_column};
 use crate::table::{TableName, Tables};
 
 /// The server's clock in milliseconds, read once per statement.
@@ -190,11 +190,7 @@ impl Postgres {
             let taken: bool = row.try_get("taken").map_err(crate::error::store)?;
             let stored = stored_row(&row)?;
             answers[i] = if taken {
-                Some(Begin::Acquired(Claim {
-                    token: token(stored.token),
-                    lease_expires_at: ms(stored.lease_until),
-                    attempt: u32::try_from(stored.attempts).unwrap_or(1),
-                }))
+                Some(stored.claim())
             } else {
                 stored.answer_begin(item.fingerprint, now)?
             };
@@ -304,31 +300,23 @@ impl Postgres {
 
     /// One shard's part of a scan, in key order.
     pub async fn scan(&self, shard: u16, query: &ScanQuery) -> Result<Vec<Entry>, StoreError> {
-        let state = query.state.map(|s| match s {
-            RecordState::InProgress => crate::row::IN_PROGRESS,
-            RecordState::Completed => crate::row::COMPLETED,
-        });
-        let older = query
-            .older_than
-            .map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX));
+        let filter = ScanFilter::of(query);
         let rows = sqlx::query(AssertSqlSafe(&*self.sql[usize::from(shard)].scan))
             .bind(query.namespace.as_str().as_bytes())
             .bind(query.after.as_deref().unwrap_or(&[]))
-            .bind(state)
-            .bind(older)
-            .bind(i64::try_from(query.limit).unwrap_or(i64::MAX))
+            .bind(filter.state)
+            .bind(filter.older_than)
+            .bind(filter.limit)
             .fetch_all(&self.pool)
             .await
             .map_err(crate::error::store)?;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
-            let now: i64 = row.try_get("now").map_err(crate::error::store)?;
-            let k: Vec<u8> = row.try_get("k").map_err(crate::error::store)?;
-            if let Some(record) = stored_row(&row)?.record(now)? {
-                let key = Key::in_namespace(query.namespace.clone(), k)
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                out.push(Entry { key, record });
-            }
+            let (now, k): (i64, Vec<u8>) = (
+                row.try_get("now").map_err(crate::error::store)?,
+                row.try_get("k").map_err(crate::error::store)?,
+            );
+            out.extend(stored_row(&row)?.entry(&query.namespace, k, now)?);
         }
         Ok(out)
     }

@@ -3,7 +3,8 @@
 use bytes::Bytes;
 use idem_core::machine::{Current, Decision, decide_begin, retry_after};
 use idem_core::{
-    Begin, Completed, FencingToken, Fingerprint, InProgress, Record, StoreError, Timestamp,
+    Begin, Claim, Completed, Entry, FencingToken, Fingerprint, InProgress, Key, Namespace, Record,
+    RecordState, ScanQuery, StoreError, Timestamp,
 };
 
 /// `state` of a released key: absent to every reader, but the next
@@ -132,4 +133,55 @@ pub(crate) fn token_column(t: FencingToken) -> i64 {
 /// Whole milliseconds of `d`, as the columns count them.
 pub(crate) fn millis(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl StoredRow {
+    /// This row as the claim a `begin` just made.
+    pub fn claim(&self) -> Begin {
+        Begin::Acquired(Claim {
+            token: token(self.token),
+            lease_expires_at: ms(self.lease_until),
+            attempt: u32::try_from(self.attempts).unwrap_or(1),
+        })
+    }
+
+    /// This row of key `k` as a scan entry, if it shows a record at `now`.
+    pub fn entry(
+        self,
+        namespace: &Namespace,
+        k: Vec<u8>,
+        now: i64,
+    ) -> Result<Option<Entry>, StoreError> {
+        let Some(record) = self.record(now)? else {
+            return Ok(None);
+        };
+        let key = Key::in_namespace(namespace.clone(), k)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        Ok(Some(Entry { key, record }))
+    }
+}
+
+/// A scan's filters as the statements bind them.
+pub(crate) struct ScanFilter {
+    /// Only rows in this state.
+    pub state: Option<i16>,
+    /// Only rows started or completed before this time.
+    pub older_than: Option<i64>,
+    /// At most this many rows.
+    pub limit: i64,
+}
+
+impl ScanFilter {
+    pub fn of(query: &ScanQuery) -> Self {
+        Self {
+            state: query.state.map(|s| match s {
+                RecordState::InProgress => IN_PROGRESS,
+                RecordState::Completed => COMPLETED,
+            }),
+            older_than: query
+                .older_than
+                .map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX)),
+            limit: i64::try_from(query.limit).unwrap_or(i64::MAX),
+        }
+    }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::future::join_all;
-use idem_core::coalesce::Coalescer;
+use idem_core::coalesce::{Batched, StoreBatches};
 use idem_core::{
     Begin, BeginItem, CompleteItem, Entry, Fenced, FencingToken, Fingerprint, Key, Lease, Limits,
     Record, ScanQuery, Store, StoreError, Timestamp,
@@ -30,13 +30,8 @@ const TRIES: usize = 8;
 #[derive(Clone)]
 pub struct SqlStore {
     pub(crate) inner: Arc<Inner>,
-    pub(crate) batches: Arc<Batches>,
+    pub(crate) batches: Arc<StoreBatches>,
     pub(crate) _sweeper: Option<Arc<Sweeper>>,
-}
-
-pub(crate) struct Batches {
-    pub(crate) begin: Coalescer<BeginItem, Begin>,
-    pub(crate) complete: Coalescer<CompleteItem, Fenced>,
 }
 
 pub(crate) enum Db {
@@ -169,6 +164,29 @@ fn rounds<'a>(keys: impl Iterator<Item = &'a Key>) -> Vec<Vec<usize>> {
         out[*round].push(i);
     }
     out
+}
+
+/// The many-item calls the store's single calls are gathered into.
+impl Batched for Inner {
+    fn begin_items(
+        &self,
+        items: &[BeginItem],
+    ) -> impl Future<Output = Vec<Result<Begin, StoreError>>> + Send {
+        Inner::begin_items(self, items)
+    }
+    fn complete_items(
+        &self,
+        items: &[CompleteItem],
+    ) -> impl Future<Output = Vec<Result<Fenced, StoreError>>> + Send {
+        Inner::complete_items(self, items)
+    }
+    fn release(
+        &self,
+        key: &Key,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
+        Inner::release(self, key, token)
+    }
 }
 
 impl Inner {
@@ -361,7 +379,7 @@ impl Store for SqlStore {
             fingerprint,
             lease,
         };
-        self.batches.begin.call(item).await
+        self.batches.begin(item).await
     }
 
     async fn complete(
@@ -380,7 +398,7 @@ impl Store for SqlStore {
             outcome,
             retention,
         };
-        self.batches.complete.call(item).await
+        self.batches.complete(item).await
     }
 
     async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
