@@ -442,6 +442,70 @@ async fn ordered_lanes_are_handled_one_after_another_in_order() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_in_place_hold_the_lane_until_the_failing_message_succeeds() {
+    let source = MemorySource::new("orders");
+    for i in 0..8 {
+        let mut m = message(&format!("m-{i}"));
+        m.lane = Some(Bytes::from(format!("lane-{}", i % 2)));
+        source.push(m);
+    }
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let failures = Arc::new(AtomicU32::new(0));
+    let handler = {
+        let seen = seen.clone();
+        let failures = failures.clone();
+        move |m: Message, _c: ClaimHandle| {
+            let seen = seen.clone();
+            let failures = failures.clone();
+            async move {
+                let id = m.id.clone().unwrap();
+                seen.lock().push((id.clone(), m.attempt));
+                // m-2 (lane 0) fails on its first two attempts.
+                if id == "m-2" && failures.fetch_add(1, Ordering::SeqCst) < 2 {
+                    return Err(HandlerError::transient("not yet"));
+                }
+                Ok::<_, HandlerError>(Bytes::new())
+            }
+        }
+    };
+    let runner = Runner::new(Guard::new(MemoryStore::new()), source.clone(), handler)
+        .ordered(true)
+        .retry_in_place(true)
+        .backoff(quick())
+        .concurrency(4);
+    let probe = source.clone();
+    let report = run_until(runner, move || probe.acked().len() == 8).await;
+    assert_eq!(report.handled, 8, "{report:?}");
+    assert_eq!(report.retried_failed, 2, "{report:?}");
+    assert!(
+        source.retries().is_empty(),
+        "nothing went back to the broker: {:?}",
+        source.retries()
+    );
+    let seen = seen.lock().clone();
+    let lane0: Vec<(String, u32)> = seen
+        .iter()
+        .filter(|(id, _)| id[2..].parse::<u32>().unwrap() % 2 == 0)
+        .cloned()
+        .collect();
+    let expected: Vec<(String, u32)> = [
+        ("m-0", 1),
+        ("m-2", 1),
+        ("m-2", 2),
+        ("m-2", 3),
+        ("m-4", 1),
+        ("m-6", 1),
+    ]
+    .iter()
+    .map(|(id, a)| (id.to_string(), *a))
+    .collect();
+    assert_eq!(
+        lane0, expected,
+        "lane 0 waits for m-2, whose attempts count up"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_from_a_json_field_and_fingerprints_catch_reused_keys() {
     let source = MemorySource::new("orders");
     let mut a = Message::new(r#"{"order":"o-1","amount":5}"#);

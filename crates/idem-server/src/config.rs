@@ -162,6 +162,8 @@ pub struct FileSettings {
     pub retry_initial_ms: Option<u64>,
     /// `consume` only.
     pub retry_max_ms: Option<u64>,
+    /// `consume` only.
+    pub retry: Option<String>,
 }
 
 /// `[[auth]]` in the file.

@@ -10,8 +10,9 @@
 //! - `sql`: `SqlStore` on PostgreSQL or MySQL/MariaDB, with the consumed
 //!   messages table and guarded state transitions, as `idem::sql`;
 //! - `consumer`: the broker-independent consumer runner, as `idem::consumer`;
-//!   `amqp`, `jetstream` and `redis-streams` add each broker's source, as
-//!   `idem::amqp`, `idem::jetstream` and `idem::redis_streams`.
+//!   `amqp`, `jetstream`, `redis-streams` and `kafka` add each broker's
+//!   source, as `idem::amqp`, `idem::jetstream`, `idem::redis_streams` and
+//!   `idem::kafka` (`kafka` builds librdkafka from its C sources).
 //!
 //! ```no_run
 //! use idem::{FileStore, Guard, Key, Lease};
@@ -54,6 +55,8 @@ pub use idem_amqp as amqp;
 #[cfg(feature = "jetstream")]
 pub use idem_jetstream as jetstream;
 
+#[cfg(feature = "kafka")]
+pub use idem_kafka as kafka;
 /// Redis Streams as a consumer source.
 #[cfg(feature = "redis-streams")]
 pub use idem_redis_streams as redis_streams;

@@ -32,7 +32,8 @@ use crate::{Backoff, DeadLetter, Delivery, Handler, KeyFrom, Source};
 /// - **Order**: with [`ordered`](Runner::ordered), messages of one lane
 ///   (partition, ordering key; the key where the broker gives none) are
 ///   handled one after another, in the order fetched. A retried message
-///   comes back later, after the ones behind it.
+///   comes back later, after the ones behind it, unless retries wait in
+///   place ([`retry_in_place`](Runner::retry_in_place)).
 /// - **Graceful shutdown**: when the token passed to [`run`](Runner::run) is
 ///   cancelled, fetching stops; handlers in flight get
 ///   [`shutdown_grace`](Runner::shutdown_grace) to finish and are settled;
@@ -54,6 +55,7 @@ pub struct Runner<S, Src, H> {
     max_attempts: u32,
     backoff: Backoff,
     ordered: bool,
+    retry_in_place: bool,
     fingerprint: bool,
     grace: Duration,
     linger: Duration,
@@ -80,6 +82,7 @@ where
             max_attempts: 16,
             backoff: Backoff::default(),
             ordered: false,
+            retry_in_place: false,
             fingerprint: false,
             grace: Duration::from_secs(30),
             linger: Duration::from_millis(1),
@@ -130,6 +133,18 @@ where
     /// Handle each lane's messages one after another (default: no).
     pub fn ordered(mut self, yes: bool) -> Self {
         self.ordered = yes;
+        self
+    }
+
+    /// Wait out each retry here and run the message again, instead of
+    /// handing it back to the broker (default: no). The message keeps its
+    /// place: with [`ordered`](Runner::ordered), the messages of its lane
+    /// wait behind it, so a failing message holds its lane (a Kafka
+    /// partition) until it succeeds or is dead-lettered. Attempts are then
+    /// counted by the runner: a restart starts again from the broker's
+    /// count. At shutdown a waiting message is handed back.
+    pub fn retry_in_place(mut self, yes: bool) -> Self {
+        self.retry_in_place = yes;
         self
     }
 
@@ -187,6 +202,7 @@ where
             max_attempts: self.max_attempts,
             backoff: self.backoff,
             ordered: self.ordered,
+            retry_in_place: self.retry_in_place,
             fingerprint: self.fingerprint,
             groups: Mutex::new(HashMap::new()),
             shutdown: shutdown.clone(),
@@ -378,6 +394,8 @@ struct Shared<S, Src: Source, H> {
     max_attempts: u32,
     backoff: Backoff,
     ordered: bool,
+    /// Retries wait in the runner ([`Runner::retry_in_place`]).
+    retry_in_place: bool,
     fingerprint: bool,
     /// Groups with a message being handled, and the messages waiting behind
     /// it.

@@ -37,13 +37,75 @@ where
     /// begun with answer `begun` (the `begin` sent at `sent`).
     pub(super) async fn settle(
         &self,
-        delivery: Delivery<Src::Receipt>,
+        mut delivery: Delivery<Src::Receipt>,
+        key: &Key,
+        mut begun: Result<Begin, Arc<StoreError>>,
+        mut sent: Instant,
+    ) {
+        loop {
+            let action = self.decide(&delivery, key, begun, sent).await;
+            let Some(delivery_again) = self.wait_in_place(delivery, key, action).await else {
+                return;
+            };
+            delivery = delivery_again;
+            sent = Instant::now();
+            begun = self
+                .guard
+                .store()
+                .begin(
+                    key,
+                    self.fingerprint_of(&delivery),
+                    self.guard.lease_length(),
+                )
+                .await
+                .map_err(Arc::new);
+        }
+    }
+
+    /// With [`retry_in_place`](crate::Runner::retry_in_place), a retry
+    /// waits here and gives the delivery back (its attempt counted) to run
+    /// again; every other action, and a retry cut short by shutdown, is
+    /// performed at the broker.
+    async fn wait_in_place(
+        &self,
+        mut delivery: Delivery<Src::Receipt>,
+        key: &Key,
+        action: Action,
+    ) -> Option<Delivery<Src::Receipt>> {
+        let Action::Retry { reason, delay } = action else {
+            self.perform(delivery, key, action).await;
+            return None;
+        };
+        if !self.retry_in_place {
+            self.perform(delivery, key, action).await;
+            return None;
+        }
+        tracing::debug!(%key, reason = reason.as_str(), ?delay, "retrying in place");
+        self.count(Settled::retried(reason), Ok(()));
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = self.shutdown.cancelled() => {
+                self.requeue(delivery).await;
+                return None;
+            }
+        }
+        if reason.counts_as_attempt() {
+            delivery.message.attempt = delivery.message.attempt.max(1).saturating_add(1);
+        }
+        Some(delivery)
+    }
+
+    /// The broker action for a message whose key was begun with answer
+    /// `begun`, running the handler when the claim was acquired.
+    async fn decide(
+        &self,
+        delivery: &Delivery<Src::Receipt>,
         key: &Key,
         begun: Result<Begin, Arc<StoreError>>,
         sent: Instant,
-    ) {
+    ) -> Action {
         let attempt = delivery.message.attempt.max(1);
-        let action = match begun {
+        match begun {
             Ok(Begin::Completed { .. }) => Action::Ack { duplicate: true },
             Ok(Begin::InProgress { retry_after }) => Action::Retry {
                 reason: RetryReason::Busy,
@@ -56,26 +118,37 @@ where
                 self.release(key, &claim).await;
                 self.exhausted(attempt)
             }
-            Ok(Begin::Acquired(claim)) => self.handle(&delivery, key, claim, sent).await,
+            Ok(Begin::Acquired(claim)) => self.handle(delivery, key, claim, sent).await,
             Err(e) if e.is_transient() && self.guard.fails_open() => {
                 self.tally.fail_open.increment(1);
-                self.handle_unguarded(&delivery, key).await
+                self.handle_unguarded(delivery, key).await
             }
             Err(e) if e.is_transient() => Action::Retry {
                 reason: RetryReason::Unavailable,
                 delay: self.backoff.delay(attempt),
             },
             Err(e) => Action::DeadLetter(e.to_string()),
-        };
-        self.perform(delivery, key, action).await;
+        }
     }
 
     /// Without claims ([`Runner::unguarded`](crate::Runner::unguarded)):
     /// runs the handler with no claim, and performs the broker action its
     /// result calls for.
-    pub(super) async fn settle_unclaimed(&self, delivery: Delivery<Src::Receipt>, key: &Key) {
+    pub(super) async fn settle_unclaimed(&self, mut delivery: Delivery<Src::Receipt>, key: &Key) {
+        loop {
+            let action = self.decide_unclaimed(&delivery, key).await;
+            match self.wait_in_place(delivery, key, action).await {
+                Some(again) => delivery = again,
+                None => return,
+            }
+        }
+    }
+
+    /// The broker action for a message without claims, after running its
+    /// handler.
+    async fn decide_unclaimed(&self, delivery: &Delivery<Src::Receipt>, key: &Key) -> Action {
         let attempt = delivery.message.attempt.max(1);
-        let action = if attempt > self.max_attempts {
+        if attempt > self.max_attempts {
             self.exhausted(attempt)
         } else {
             let started = Instant::now();
@@ -84,7 +157,7 @@ where
                 .handle(with_key(&delivery.message, key), ClaimHandle::unclaimed());
             let outcome = tokio::select! {
                 r = work => Some(r),
-                () = self.keep_alive(&delivery) => unreachable!("keep-alive never ends"),
+                () = self.keep_alive(delivery) => unreachable!("keep-alive never ends"),
                 () = self.hard_stop.cancelled() => None,
             };
             self.tally
@@ -95,8 +168,7 @@ where
                 None => Action::Requeue,
                 Some(r) => self.action_after(r.map_err(GuardError::Handler), attempt),
             }
-        };
-        self.perform(delivery, key, action).await;
+        }
     }
 
     /// A message delivered past the attempt limit: dead-lettered without
@@ -230,12 +302,10 @@ where
             }
             Action::Retry { reason, delay } => {
                 tracing::debug!(%key, reason = reason.as_str(), ?delay, "retrying later");
-                let settled = match reason {
-                    RetryReason::Busy => Settled::RetriedBusy,
-                    RetryReason::Failed => Settled::RetriedFailed,
-                    RetryReason::Unavailable => Settled::RetriedUnavailable,
-                };
-                (settled, self.source.retry(delivery, delay, reason).await)
+                (
+                    Settled::retried(reason),
+                    self.source.retry(delivery, delay, reason).await,
+                )
             }
             Action::DeadLetter(last_error) => {
                 let why = DeadLetter {

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use metrics::{Counter, Histogram};
 
 use super::Report;
+use crate::RetryReason;
 
 /// What happened to a message at the broker.
 #[derive(Clone, Copy, Debug)]
@@ -31,6 +32,15 @@ const ALL: [Settled; 7] = [
 ];
 
 impl Settled {
+    /// The tally for a retry for `reason`.
+    pub(super) fn retried(reason: RetryReason) -> Self {
+        match reason {
+            RetryReason::Busy => Settled::RetriedBusy,
+            RetryReason::Failed => Settled::RetriedFailed,
+            RetryReason::Unavailable => Settled::RetriedUnavailable,
+        }
+    }
+
     fn as_str(self) -> &'static str {
         match self {
             Settled::Handled => "handled",

@@ -23,8 +23,9 @@ use crate::{Failure, init_logging, shutdown_signal, store_url};
 pub struct ConsumeArgs {
     /// Where messages come from (required):
     /// amqp://USER:PASS@HOST:PORT/VHOST?queue=NAME,
-    /// nats://HOST:PORT?stream=STREAM&consumer=NAME&subject=SUBJECT, or
-    /// redis://HOST:PORT?stream=NAME&group=GROUP.
+    /// nats://HOST:PORT?stream=STREAM&consumer=NAME&subject=SUBJECT,
+    /// redis://HOST:PORT?stream=NAME&group=GROUP, or
+    /// kafka://HOST:PORT?topic=TOPIC&group=GROUP.
     #[arg(long, env = "IDEM_FROM", value_name = "SOURCE_URL")]
     pub from: Option<String>,
     /// The HTTP endpoint that handles each message, e.g.
@@ -70,6 +71,13 @@ pub struct ConsumeArgs {
     /// Longest delay between retries, in ms [default: 300000].
     #[arg(long, env = "IDEM_RETRY_MAX_MS", value_name = "MS")]
     pub retry_max_ms: Option<u64>,
+    /// How a failed message waits for its retry: `redeliver` hands it back
+    /// to the broker, which delivers it again after the delay (Kafka: a
+    /// retry topic), while later messages go on; `blocking` waits here and
+    /// holds the messages behind it in its lane (Kafka partition, ordering
+    /// key), keeping their order [default: redeliver].
+    #[arg(long, env = "IDEM_RETRY", value_name = "MODE")]
+    pub retry: Option<String>,
     #[command(flatten)]
     pub store: StoreArgs,
 }
@@ -106,6 +114,7 @@ struct Settings {
     timeout: Duration,
     grace: Duration,
     backoff: Backoff,
+    blocking: bool,
     store: StoreSettings,
 }
 
@@ -188,6 +197,16 @@ fn resolve(args: ConsumeArgs, file: &FileSettings) -> Result<Settings, crate::co
     if max < initial {
         return Err(bad("retry_max_ms", "must be at least retry_initial_ms"));
     }
+    let blocking = match args.retry.or(file.retry.clone()).as_deref() {
+        None | Some("redeliver") => false,
+        Some("blocking") => true,
+        Some(other) => {
+            return Err(bad(
+                "retry",
+                format!("{other:?} is not a retry mode; give redeliver or blocking"),
+            ));
+        }
+    };
     Ok(Settings {
         from,
         to,
@@ -204,6 +223,7 @@ fn resolve(args: ConsumeArgs, file: &FileSettings) -> Result<Settings, crate::co
             max,
             jitter: 0.5,
         },
+        blocking,
         store: resolve_store(args.store, file)?,
     })
 }
@@ -252,6 +272,7 @@ pub async fn run(args: ConsumeArgs) -> Result<(), Failure> {
         backoff: settings.backoff,
         grace: settings.grace,
         dead_letter: settings.dead_letter,
+        blocking: settings.blocking,
         lease: settings.store.default_lease,
         shutdown,
         store: store.description.clone(),
@@ -278,6 +299,8 @@ pub struct Job {
     grace: Duration,
     /// `--dead-letter`, when given.
     pub dead_letter: Option<String>,
+    /// `--retry blocking`: retries wait in place and hold their lane.
+    pub blocking: bool,
     /// The lease each claim takes (a broker with its own redelivery timer
     /// compares it).
     pub lease: Duration,
@@ -293,6 +316,8 @@ impl Job {
             .concurrency(self.concurrency)
             .max_attempts(self.max_attempts)
             .backoff(self.backoff)
+            .retry_in_place(self.blocking)
+            .ordered(self.blocking)
             .shutdown_grace(self.grace);
         if let Some(ns) = self.namespace {
             runner = runner.namespace(ns);

@@ -24,6 +24,8 @@ pub fn check(from: &str) -> Result<(), ConfigError> {
         "redis",
         #[cfg(feature = "redis-streams")]
         "rediss",
+        #[cfg(feature = "kafka")]
+        "kafka",
     ];
     if known.contains(&scheme) {
         Ok(())
@@ -46,13 +48,16 @@ pub async fn run(from: &str, job: Job) -> Result<Report, Failure> {
         "nats" | "tls" => jetstream(from, job).await,
         #[cfg(feature = "redis-streams")]
         "redis" | "rediss" => redis_streams(from, job).await,
+        #[cfg(feature = "kafka")]
+        "kafka" => kafka(from, job).await,
         _ => unreachable!("checked above"),
     }
 }
 
 const FORMS: &str = "give amqp://USER:PASS@HOST:PORT/VHOST?queue=NAME, \
-    nats://HOST:PORT?stream=STREAM&consumer=NAME&subject=SUBJECT or \
-    redis://HOST:PORT?stream=NAME&group=GROUP";
+    nats://HOST:PORT?stream=STREAM&consumer=NAME&subject=SUBJECT, \
+    redis://HOST:PORT?stream=NAME&group=GROUP or \
+    kafka://HOST:PORT?topic=TOPIC&group=GROUP";
 
 #[cfg(feature = "amqp")]
 async fn amqp(from: &str, job: Job) -> Result<Report, Failure> {
@@ -104,4 +109,29 @@ async fn redis_streams(from: &str, job: Job) -> Result<Report, Failure> {
         .await
         .map_err(|e| Failure::Run(e.to_string()))?;
     job.run(source).await
+}
+
+#[cfg(feature = "kafka")]
+async fn kafka(from: &str, mut job: Job) -> Result<Report, Failure> {
+    use idem_kafka::{KafkaConfig, KafkaSource, RetryMode};
+
+    let mut config = KafkaConfig::from_url(from)
+        .map_err(|e| bad("from", e.to_string()))?
+        .concurrency(job.concurrency)
+        .lease(job.lease);
+    if job.blocking {
+        config = config.retry(RetryMode::Blocking);
+    } else if *config.retry_mode() == RetryMode::Blocking {
+        job.blocking = true;
+    }
+    if let Some(topic) = &job.dead_letter {
+        config = config.dead_letter(topic.clone());
+    }
+    let source = KafkaSource::connect(config)
+        .await
+        .map_err(|e| Failure::Run(e.to_string()))?;
+    let report = job.run(source.clone()).await;
+    // Commits what finished and leaves the group.
+    source.close().await;
+    report
 }

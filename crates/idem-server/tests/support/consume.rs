@@ -508,6 +508,70 @@ pub async fn sigterm_finishes_work_in_flight(broker: impl Broker) {
     assert!(broker.drained().await, "the finished message was acked");
 }
 
+/// A sidecar killed after its effects but before it committed them
+/// (`never_commit` is its source URL, set to hold its commits): the
+/// next sidecar gets every message again from the last commit, and acks
+/// each as a duplicate without calling the handler. The replay is counted
+/// (the `duplicate` outcome of its metrics): it is real; the double effect
+/// is not.
+pub async fn killed_before_commit_replays_as_duplicates(broker: impl Broker, never_commit: &str) {
+    let Some((_store, store_url)) = store().await else {
+        return;
+    };
+    let sink = Sink::default();
+    let to = sink.serve().await;
+    let total = 200;
+    broker
+        .publish(&messages((0..total).map(|i| format!("r-{i}"))))
+        .await;
+    let first =
+        start(&["--from", never_commit, "--to", &to, "--store", &store_url].map(String::from))
+            .await;
+    wait_for("every effect", Duration::from_secs(60), async || {
+        sink.applied() == total
+    })
+    .await;
+    // Let the last completions reach the store; the commit never comes.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    first.kill().await;
+    assert!(
+        !broker.drained().await,
+        "nothing was committed before the kill"
+    );
+
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let second = start(&args(
+        &broker,
+        &to,
+        &store_url,
+        &["--metrics-listen", &metrics],
+    ))
+    .await;
+    wait_for("a drained broker", Duration::from_secs(60), async || {
+        broker.drained().await
+    })
+    .await;
+    let text = super::get(&format!("http://{metrics}/metrics")).await;
+    let count = |outcome: &str| -> f64 {
+        String::from_utf8_lossy(&text.body)
+            .lines()
+            .filter(|l| {
+                l.starts_with("idem_consumer_messages_total")
+                    && l.contains(&format!("outcome=\"{outcome}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(
+        count("duplicate"),
+        total as f64,
+        "every message came again, and was a duplicate"
+    );
+    assert_eq!(count("handled"), 0.0);
+    assert_eq!(sink.calls().len(), total, "no effect twice");
+    assert_eq!(second.terminate().await, 0);
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -1,0 +1,432 @@
+//! The consumer thread. librdkafka serves rebalances from inside `poll`, so
+//! one thread owns the consumer and polls it without pause: it hands
+//! messages to [`fetch`](crate::KafkaSource) through a buffer, pauses the
+//! partitions while the buffer is full or while a retry topic's next
+//! message is not due, commits finished offsets on an interval, and waits
+//! for the work on revoked partitions before it lets them go.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use idem_consumer::Delivery;
+use parking_lot::{Condvar, Mutex};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaResult;
+use rdkafka::message::BorrowedMessage;
+use rdkafka::statistics::Statistics;
+use rdkafka::{ClientContext, Message as _, Offset, TopicPartitionList};
+
+use crate::config::{KafkaConfig, Lanes};
+use crate::offsets::Offsets;
+use crate::record::{self, Receipt};
+
+/// A topic and partition; topic names are shared, not copied per message.
+pub(crate) type Tp = (Arc<str>, i32);
+
+/// What the consumer thread and the source's verbs share.
+pub(crate) struct Shared {
+    pub(crate) state: Mutex<State>,
+    /// A tracked message was finished (a revoke may be waiting for it).
+    pub(crate) finished: Condvar,
+    /// The buffer has messages.
+    pub(crate) ready: tokio::sync::Notify,
+    pub(crate) stop: AtomicBool,
+    pub(crate) config: KafkaConfig,
+    /// The topics subscribed to, so a message's topic is looked up, not
+    /// allocated.
+    topics: Vec<Arc<str>>,
+    /// Most messages buffered before the partitions are paused.
+    high_water: usize,
+}
+
+#[derive(Default)]
+pub(crate) struct State {
+    /// Polled, not yet fetched by the runner.
+    pub(crate) buffer: VecDeque<Delivery<Receipt>>,
+    /// The partitions assigned to this member.
+    pub(crate) partitions: HashMap<Tp, Track>,
+    next_epoch: u64,
+    /// Paused at the broker, by the consumer thread.
+    paused: HashSet<Tp>,
+    /// Retry-topic partitions whose next message is due later.
+    held_until: HashMap<Tp, Instant>,
+    /// Paused because the buffer is full.
+    full: bool,
+    /// The last consumer lag read per partition.
+    pub(crate) lag: HashMap<Tp, i64>,
+    /// Set when the consumer thread has ended.
+    pub(crate) closed: bool,
+}
+
+/// One assigned partition: its offsets, and the assignment it belongs to
+/// (a receipt from an earlier one settles nothing).
+pub(crate) struct Track {
+    pub(crate) epoch: u64,
+    pub(crate) offsets: Offsets,
+}
+
+impl Shared {
+    pub(crate) fn new(config: KafkaConfig) -> Self {
+        let topics = config.subscribed().into_iter().map(Arc::from).collect();
+        let high_water = (config.concurrency * 4).max(256);
+        Self {
+            state: Mutex::new(State::default()),
+            finished: Condvar::new(),
+            ready: tokio::sync::Notify::new(),
+            stop: AtomicBool::new(false),
+            config,
+            topics,
+            high_water,
+        }
+    }
+
+    /// Marks the receipt's message finished, if its partition is still
+    /// this member's in the same assignment.
+    pub(crate) fn finish(&self, receipt: &Receipt) {
+        let mut state = self.state.lock();
+        if let Some(track) = state.partitions.get_mut(&receipt.tp)
+            && track.epoch == receipt.epoch
+        {
+            track.offsets.finished(receipt.offset);
+        }
+        drop(state);
+        self.finished.notify_all();
+    }
+
+    /// Puts a delivery back at the front of the buffer, if its partition is
+    /// still this member's in the same assignment (else the partition's
+    /// owner has it from the committed offset).
+    pub(crate) fn put_back(&self, delivery: Delivery<Receipt>) {
+        let mut state = self.state.lock();
+        let current = state
+            .partitions
+            .get(&delivery.receipt.tp)
+            .is_some_and(|t| t.epoch == delivery.receipt.epoch);
+        if current && !state.closed {
+            state.buffer.push_front(delivery);
+            drop(state);
+            self.ready.notify_one();
+        }
+    }
+
+    fn topic(&self, name: &str) -> Arc<str> {
+        self.topics
+            .iter()
+            .find(|t| &***t == name)
+            .cloned()
+            .unwrap_or_else(|| Arc::from(name))
+    }
+
+    fn tpl(parts: impl IntoIterator<Item = (Tp, Offset)>) -> TopicPartitionList {
+        let mut tpl = TopicPartitionList::new();
+        for ((topic, partition), offset) in parts {
+            // Only fails for a partition listed twice.
+            let _ = tpl.add_partition_offset(&topic, partition, offset);
+        }
+        tpl
+    }
+}
+
+/// The consumer's callbacks: rebalances, commits, statistics.
+pub(crate) struct Context {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl ClientContext for Context {
+    fn stats(&self, statistics: Statistics) {
+        let group = self.shared.config.group.clone();
+        let mut state = self.shared.state.lock();
+        for (topic, t) in &statistics.topics {
+            for (&partition, p) in &t.partitions {
+                if partition < 0 || p.consumer_lag < 0 {
+                    continue;
+                }
+                let tp = (self.shared.topic(topic), partition);
+                if !state.partitions.contains_key(&tp) {
+                    continue;
+                }
+                metrics::gauge!(
+                    "idem_kafka_consumer_lag",
+                    "group" => group.clone(),
+                    "topic" => topic.clone(),
+                    "partition" => partition.to_string(),
+                )
+                .set(p.consumer_lag as f64);
+                state.lag.insert(tp, p.consumer_lag);
+            }
+        }
+    }
+}
+
+impl ConsumerContext for Context {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            self.revoke(consumer, tpl);
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            let mut state = self.shared.state.lock();
+            for e in tpl.elements() {
+                let tp = (self.shared.topic(e.topic()), e.partition());
+                state.paused.remove(&tp);
+                state.held_until.remove(&tp);
+                if !state.partitions.contains_key(&tp) {
+                    let epoch = state.next_epoch;
+                    state.next_epoch += 1;
+                    state.partitions.insert(
+                        tp,
+                        Track {
+                            epoch,
+                            offsets: Offsets::default(),
+                        },
+                    );
+                }
+            }
+            tracing::info!(assigned = tpl.count(), group = %self.shared.config.group, "partitions assigned");
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "committing offsets failed; they are committed again");
+            let mut state = self.shared.state.lock();
+            for e in offsets.elements() {
+                let tp = (self.shared.topic(e.topic()), e.partition());
+                if let Some(track) = state.partitions.get_mut(&tp) {
+                    track.offsets.uncommitted();
+                }
+            }
+        }
+    }
+}
+
+impl Context {
+    /// Takes back the buffered messages of the revoked partitions, waits
+    /// (up to the revoke grace) for those in work to finish, commits what
+    /// finished, and forgets the partitions.
+    fn revoke(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
+        let shared = &self.shared;
+        let revoked: Vec<Tp> = tpl
+            .elements()
+            .iter()
+            .map(|e| (shared.topic(e.topic()), e.partition()))
+            .collect();
+        // Lost (the session timed out): the partitions are someone else's
+        // already, and a commit would be refused.
+        let lost = consumer.assignment_lost();
+        let mut state = shared.state.lock();
+        let mut taken_back: HashMap<Tp, i64> = HashMap::new();
+        state.buffer.retain(|d| {
+            if revoked.contains(&d.receipt.tp) {
+                let first = taken_back.entry(d.receipt.tp.clone()).or_insert(i64::MAX);
+                *first = (*first).min(d.receipt.offset);
+                false
+            } else {
+                true
+            }
+        });
+        for (tp, first) in taken_back {
+            if let Some(track) = state.partitions.get_mut(&tp) {
+                track.offsets.forget_from(first);
+            }
+        }
+        let deadline = Instant::now() + shared.config.revoke_grace;
+        let unfinished = |state: &State| {
+            revoked
+                .iter()
+                .filter_map(|tp| state.partitions.get(tp))
+                .map(|t| t.offsets.unfinished())
+                .sum::<usize>()
+        };
+        while !lost && unfinished(&state) > 0 {
+            if shared.finished.wait_until(&mut state, deadline).timed_out() {
+                tracing::warn!(
+                    unfinished = unfinished(&state),
+                    grace = ?shared.config.revoke_grace,
+                    "partitions revoked with work still running; their next owner gets those messages again"
+                );
+                break;
+            }
+        }
+        let mut commit = Vec::new();
+        for tp in &revoked {
+            if let Some(track) = state.partitions.remove(tp)
+                && let Some(next) = track.offsets.to_commit()
+                && !lost
+            {
+                commit.push((tp.clone(), Offset::Offset(next)));
+            }
+            state.paused.remove(tp);
+            state.held_until.remove(tp);
+            state.lag.remove(tp);
+        }
+        drop(state);
+        if !commit.is_empty()
+            && let Err(e) = consumer.commit(&Shared::tpl(commit), CommitMode::Sync)
+        {
+            tracing::warn!(error = %e, "committing the revoked partitions' offsets failed; their next owner gets those messages again");
+        }
+        tracing::info!(revoked = revoked.len(), lost, "partitions revoked");
+    }
+}
+
+/// The consumer thread's loop, until the source is closed or dropped.
+pub(crate) fn run(consumer: BaseConsumer<Context>, shared: Arc<Shared>) {
+    let mut last_commit = Instant::now();
+    while !shared.stop.load(Ordering::Acquire) {
+        let timeout = if shared.state.lock().full {
+            Duration::from_millis(10)
+        } else {
+            Duration::from_millis(100)
+        };
+        match consumer.poll(timeout) {
+            Some(Ok(m)) => take(&consumer, &shared, &m),
+            Some(Err(e)) => tracing::warn!(error = %e, "Kafka consumer error"),
+            None => {}
+        }
+        pace(&consumer, &shared);
+        if last_commit.elapsed() >= shared.config.commit_interval {
+            commit(&consumer, &shared, CommitMode::Async);
+            last_commit = Instant::now();
+        }
+    }
+    commit(&consumer, &shared, CommitMode::Sync);
+    // Leaves the group: the revoke callback takes the buffered messages
+    // back and waits for those in work.
+    drop(consumer);
+    let mut state = shared.state.lock();
+    state.closed = true;
+    state.buffer.clear();
+    state.partitions.clear();
+    drop(state);
+    shared.ready.notify_one();
+}
+
+/// Buffers a polled message, or, from a retry topic before it is due,
+/// seeks back to it and holds its partition until then.
+fn take(consumer: &BaseConsumer<Context>, shared: &Shared, m: &BorrowedMessage<'_>) {
+    let tp = (shared.topic(m.topic()), m.partition());
+    let offset = m.offset();
+    if *tp.0 != *shared.config.topic
+        && let Some(due) = record::due(m)
+    {
+        let now = now_ms();
+        if due > now {
+            if let Err(e) =
+                consumer.seek(&tp.0, tp.1, Offset::Offset(offset), Duration::from_secs(10))
+            {
+                tracing::warn!(error = %e, topic = %tp.0, "seeking back to a retry not yet due failed; it runs early");
+            } else {
+                let wait = Duration::from_millis((due - now) as u64);
+                shared
+                    .state
+                    .lock()
+                    .held_until
+                    .insert(tp, Instant::now() + wait);
+                return;
+            }
+        }
+    }
+    let lane = match shared.config.lanes {
+        Lanes::Partition => Some(Bytes::from(format!("{}/{}", tp.0, tp.1))),
+        Lanes::Key => m.key().map(Bytes::copy_from_slice),
+    };
+    let (message, record_key, origin) = record::message(m, lane);
+    let mut state = shared.state.lock();
+    let Some(track) = state.partitions.get_mut(&tp) else {
+        return;
+    };
+    if !track.offsets.delivered(offset) {
+        return;
+    }
+    let receipt = Receipt {
+        tp,
+        offset,
+        epoch: track.epoch,
+        record_key,
+        origin,
+    };
+    let was_empty = state.buffer.is_empty();
+    state.buffer.push_back(Delivery { message, receipt });
+    drop(state);
+    if was_empty {
+        shared.ready.notify_one();
+    }
+}
+
+/// Pauses the partitions while the buffer is full (resumes at half) and
+/// the retry partitions whose next message is not due.
+fn pace(consumer: &BaseConsumer<Context>, shared: &Shared) {
+    let (pause, resume) = {
+        let mut state = shared.state.lock();
+        let len = state.buffer.len();
+        let full = len >= shared.high_water || (state.full && len > shared.high_water / 2);
+        if !full && !state.full && state.held_until.is_empty() && state.paused.is_empty() {
+            return;
+        }
+        state.full = full;
+        let now = Instant::now();
+        state.held_until.retain(|_, until| *until > now);
+        let want: HashSet<Tp> = if full {
+            state.partitions.keys().cloned().collect()
+        } else {
+            state.held_until.keys().cloned().collect()
+        };
+        let pause: Vec<Tp> = want.difference(&state.paused).cloned().collect();
+        let resume: Vec<Tp> = state.paused.difference(&want).cloned().collect();
+        state.paused = want;
+        (pause, resume)
+    };
+    let all = |tps: Vec<Tp>| Shared::tpl(tps.into_iter().map(|tp| (tp, Offset::Invalid)));
+    if !pause.is_empty()
+        && let Err(e) = consumer.pause(&all(pause))
+    {
+        tracing::warn!(error = %e, "pausing partitions failed");
+    }
+    if !resume.is_empty()
+        && let Err(e) = consumer.resume(&all(resume))
+    {
+        tracing::warn!(error = %e, "resuming partitions failed");
+    }
+}
+
+/// Commits each partition's finished prefix that moved since the last
+/// commit.
+fn commit(consumer: &BaseConsumer<Context>, shared: &Shared, mode: CommitMode) {
+    let moved: Vec<(Tp, Offset)> = {
+        let mut state = shared.state.lock();
+        state
+            .partitions
+            .iter_mut()
+            .filter_map(|(tp, track)| {
+                let next = track.offsets.to_commit()?;
+                // Counted as committed now; the commit callback undoes it
+                // if the broker refuses.
+                track.offsets.committed(next);
+                Some((tp.clone(), Offset::Offset(next)))
+            })
+            .collect()
+    };
+    if moved.is_empty() {
+        return;
+    }
+    if let Err(e) = consumer.commit(&Shared::tpl(moved), mode) {
+        tracing::warn!(error = %e, "committing offsets failed; they are committed again");
+        let mut state = shared.state.lock();
+        for track in state.partitions.values_mut() {
+            track.offsets.uncommitted();
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
