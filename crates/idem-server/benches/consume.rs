@@ -7,9 +7,10 @@
 //!   Redis store, POSTing each message to a trivial HTTP handler in this
 //!   process, 64 at a time.
 //!
-//! Each side gets its own queue or stream with the same pre-published
+//! Each side gets its own queue, stream or topic with the same pre-published
 //! messages. `cargo bench -p idem-server --bench consume`
-//! (IDEM_BENCH_MESSAGES, default 20 000; the IDEM_TEST_*_URL variables).
+//! (IDEM_BENCH_MESSAGES, default 20 000; IDEM_BENCH_BROKERS=amqp,nats,
+//! redis-streams,kafka to run some; the IDEM_TEST_*_URL variables).
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -212,6 +213,53 @@ async fn redis_streams(n: usize, redis: &str) -> Row {
     }
 }
 
+async fn kafka(n: usize, redis: &str) -> Row {
+    use idem_kafka::{KafkaConfig, KafkaPublisher, KafkaSource};
+    let brokers = std::env::var("IDEM_TEST_KAFKA_URL").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    // One record per batch, for the test broker (docs/design.md, "Kafka").
+    let publisher = KafkaPublisher::with_properties(
+        &brokers,
+        &[("linger.ms", "0"), ("batch.num.messages", "1")],
+    )
+    .unwrap();
+    // A fresh 4-partition topic with the messages; the source creates it.
+    let prepare = async |name: &str| {
+        let url = format!("kafka://{brokers}?topic={name}&group={name}-group&partitions=4");
+        let config = KafkaConfig::from_url(&url)
+            .unwrap()
+            .concurrency(CONCURRENCY);
+        let source = KafkaSource::connect(config).await.expect("Kafka");
+        futures_util::stream::iter(messages(n))
+            .for_each_concurrent(1000, |m| {
+                let publisher = &publisher;
+                async move {
+                    let id = m.id.unwrap();
+                    publisher
+                        .publish(name, None, Some(id.as_bytes()), &id, &[], &m.body)
+                        .await
+                        .unwrap();
+                }
+            })
+            .await;
+        (url, source)
+    };
+    let (_, source) = prepare(&unique("bench-bare")).await;
+    let bare = bare(source.clone(), n).await;
+    source.close().await;
+    let (url, source) = prepare(&unique("bench-mem")).await;
+    source.close().await;
+    let memory = sidecar(&url, "memory://", n).await;
+    let (url, source) = prepare(&unique("bench-redis")).await;
+    source.close().await;
+    let redis = sidecar(&url, redis, n).await;
+    Row {
+        broker: "Kafka (tansu)",
+        bare,
+        memory,
+        redis,
+    }
+}
+
 fn main() {
     let n: usize = std::env::var("IDEM_BENCH_MESSAGES")
         .ok()
@@ -227,11 +275,23 @@ fn main() {
     println!("{n} messages a side, concurrency {CONCURRENCY}; messages/s (ratio to bare)");
     println!("| broker | bare source | idem consume, memory store | idem consume, Redis store |");
     println!("| --- | ---: | ---: | ---: |");
-    for row in [
-        rt.block_on(amqp(n, &redis)),
-        rt.block_on(nats(n, &redis)),
-        rt.block_on(redis_streams(n, &redis)),
-    ] {
+    // IDEM_BENCH_BROKERS=amqp,kafka runs only those.
+    let only = std::env::var("IDEM_BENCH_BROKERS").unwrap_or_default();
+    let wanted = |name: &str| only.is_empty() || only.split(',').any(|b| b == name);
+    let mut rows = Vec::new();
+    if wanted("amqp") {
+        rows.push(rt.block_on(amqp(n, &redis)));
+    }
+    if wanted("nats") {
+        rows.push(rt.block_on(nats(n, &redis)));
+    }
+    if wanted("redis-streams") {
+        rows.push(rt.block_on(redis_streams(n, &redis)));
+    }
+    if wanted("kafka") {
+        rows.push(rt.block_on(kafka(n, &redis)));
+    }
+    for row in rows {
         println!(
             "| {} | {:.0} | {:.0} ({:.2}) | {:.0} ({:.2}) |",
             row.broker,

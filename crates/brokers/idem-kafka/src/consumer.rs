@@ -1,9 +1,9 @@
 //! The consumer thread. librdkafka serves rebalances from inside `poll`, so
-//! one thread owns the consumer and polls it without pause: it hands
-//! messages to [`fetch`](crate::KafkaSource) through a buffer, pauses the
-//! partitions while the buffer is full or while a retry topic's next
-//! message is not due, commits finished offsets on an interval, and waits
-//! for the work on revoked partitions before it lets them go.
+//! one thread owns the consumer and polls it: it hands messages to
+//! [`fetch`](crate::KafkaSource) through a buffer, pauses a retry topic's
+//! partition while its next message is not due, commits finished offsets
+//! on an interval, and waits for the work on revoked partitions before it
+//! lets them go.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -33,12 +33,14 @@ pub(crate) struct Shared {
     pub(crate) finished: Condvar,
     /// The buffer has messages.
     pub(crate) ready: tokio::sync::Notify,
+    /// The buffer was drained.
+    pub(crate) drained: Condvar,
     pub(crate) stop: AtomicBool,
     pub(crate) config: KafkaConfig,
     /// The topics subscribed to, so a message's topic is looked up, not
     /// allocated.
     topics: Vec<Arc<str>>,
-    /// Most messages buffered before the partitions are paused.
+    /// Most messages buffered before polling slows down.
     high_water: usize,
 }
 
@@ -53,8 +55,6 @@ pub(crate) struct State {
     paused: HashSet<Tp>,
     /// Retry-topic partitions whose next message is due later.
     held_until: HashMap<Tp, Instant>,
-    /// Paused because the buffer is full.
-    full: bool,
     /// The last consumer lag read per partition.
     pub(crate) lag: HashMap<Tp, i64>,
     /// Set when the consumer thread has ended.
@@ -66,6 +66,8 @@ pub(crate) struct State {
 pub(crate) struct Track {
     pub(crate) epoch: u64,
     pub(crate) offsets: Offsets,
+    /// `topic/partition`, the messages' lane when lanes are partitions.
+    lane: Bytes,
 }
 
 impl Shared {
@@ -76,6 +78,7 @@ impl Shared {
             state: Mutex::new(State::default()),
             finished: Condvar::new(),
             ready: tokio::sync::Notify::new(),
+            drained: Condvar::new(),
             stop: AtomicBool::new(false),
             config,
             topics,
@@ -178,11 +181,13 @@ impl ConsumerContext for Context {
                 if !state.partitions.contains_key(&tp) {
                     let epoch = state.next_epoch;
                     state.next_epoch += 1;
+                    let lane = Bytes::from(format!("{}/{}", tp.0, tp.1));
                     state.partitions.insert(
                         tp,
                         Track {
                             epoch,
                             offsets: Offsets::default(),
+                            lane,
                         },
                     );
                 }
@@ -276,20 +281,29 @@ impl Context {
 }
 
 /// The consumer thread's loop, until the source is closed or dropped.
+///
+/// While the buffer is full the thread waits for the runner to take from
+/// it, but polls at least every 100 ms (a message more each time), so that
+/// rebalances are served. Pausing the partitions instead made every resume
+/// a fresh fetch, which held throughput to a few hundred messages a second
+/// (BENCHMARKS.md, "Kafka").
 pub(crate) fn run(consumer: BaseConsumer<Context>, shared: Arc<Shared>) {
     let mut last_commit = Instant::now();
     while !shared.stop.load(Ordering::Acquire) {
-        let timeout = if shared.state.lock().full {
-            Duration::from_millis(10)
-        } else {
-            Duration::from_millis(100)
-        };
-        match consumer.poll(timeout) {
+        {
+            let mut state = shared.state.lock();
+            if state.buffer.len() >= shared.high_water {
+                shared
+                    .drained
+                    .wait_for(&mut state, Duration::from_millis(100));
+            }
+        }
+        match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => take(&consumer, &shared, &m),
             Some(Err(e)) => tracing::warn!(error = %e, "Kafka consumer error"),
             None => {}
         }
-        pace(&consumer, &shared);
+        hold(&consumer, &shared);
         if last_commit.elapsed() >= shared.config.commit_interval {
             commit(&consumer, &shared, CommitMode::Async);
             last_commit = Instant::now();
@@ -332,17 +346,22 @@ fn take(consumer: &BaseConsumer<Context>, shared: &Shared, m: &BorrowedMessage<'
             }
         }
     }
-    let lane = match shared.config.lanes {
-        Lanes::Partition => Some(Bytes::from(format!("{}/{}", tp.0, tp.1))),
-        Lanes::Key => m.key().map(Bytes::copy_from_slice),
-    };
-    let (message, record_key, origin) = record::message(m, lane);
+    let by_key = shared.config.lanes == Lanes::Key;
+    let (mut message, record_key, origin) = record::message(
+        m,
+        by_key
+            .then(|| m.key().map(Bytes::copy_from_slice))
+            .flatten(),
+    );
     let mut state = shared.state.lock();
     let Some(track) = state.partitions.get_mut(&tp) else {
         return;
     };
     if !track.offsets.delivered(offset) {
         return;
+    }
+    if !by_key {
+        message.lane = Some(track.lane.clone());
     }
     let receipt = Receipt {
         tp,
@@ -359,24 +378,17 @@ fn take(consumer: &BaseConsumer<Context>, shared: &Shared, m: &BorrowedMessage<'
     }
 }
 
-/// Pauses the partitions while the buffer is full (resumes at half) and
-/// the retry partitions whose next message is not due.
-fn pace(consumer: &BaseConsumer<Context>, shared: &Shared) {
+/// Pauses the retry partitions whose next message is not due, and resumes
+/// those that are.
+fn hold(consumer: &BaseConsumer<Context>, shared: &Shared) {
     let (pause, resume) = {
         let mut state = shared.state.lock();
-        let len = state.buffer.len();
-        let full = len >= shared.high_water || (state.full && len > shared.high_water / 2);
-        if !full && !state.full && state.held_until.is_empty() && state.paused.is_empty() {
+        if state.held_until.is_empty() && state.paused.is_empty() {
             return;
         }
-        state.full = full;
         let now = Instant::now();
         state.held_until.retain(|_, until| *until > now);
-        let want: HashSet<Tp> = if full {
-            state.partitions.keys().cloned().collect()
-        } else {
-            state.held_until.keys().cloned().collect()
-        };
+        let want: HashSet<Tp> = state.held_until.keys().cloned().collect();
         let pause: Vec<Tp> = want.difference(&state.paused).cloned().collect();
         let resume: Vec<Tp> = state.paused.difference(&want).cloned().collect();
         state.paused = want;

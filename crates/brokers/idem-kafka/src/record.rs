@@ -27,8 +27,8 @@ pub struct Receipt {
     pub(crate) epoch: u64,
     /// The record's key, which copies keep (and with it their partition).
     pub(crate) record_key: Option<Bytes>,
-    /// `topic/partition/offset` of the first copy.
-    pub(crate) origin: String,
+    /// `topic/partition/offset` of the first copy, when it is not this one.
+    pub(crate) origin: Option<String>,
 }
 
 impl Receipt {
@@ -46,6 +46,13 @@ impl Receipt {
     pub fn offset(&self) -> i64 {
         self.offset
     }
+
+    /// `topic/partition/offset` of the message's first copy.
+    pub fn origin(&self) -> String {
+        self.origin
+            .clone()
+            .unwrap_or_else(|| format!("{}/{}/{}", self.tp.0, self.tp.1, self.offset))
+    }
 }
 
 /// A retried copy's due time, if it has one.
@@ -57,7 +64,8 @@ pub(crate) fn due(m: &BorrowedMessage<'_>) -> Option<i64> {
         .and_then(|h| std::str::from_utf8(h.value?).ok()?.parse().ok())
 }
 
-/// The message, the record key and the origin of a polled record.
+/// The message, the record key and the origin (when the record is a copy)
+/// of a polled record.
 ///
 /// The message id is the `message-id` header; a record without one is
 /// known by its origin, so that its redeliveries (after a crash or a
@@ -65,7 +73,7 @@ pub(crate) fn due(m: &BorrowedMessage<'_>) -> Option<i64> {
 pub(crate) fn message(
     m: &BorrowedMessage<'_>,
     lane: Option<Bytes>,
-) -> (Message, Option<Bytes>, String) {
+) -> (Message, Option<Bytes>, Option<String>) {
     let mut headers = Vec::new();
     let (mut id, mut attempts_made, mut origin, mut content_type) = (None, 0u32, None, None);
     if let Some(hs) = m.headers() {
@@ -83,13 +91,13 @@ pub(crate) fn message(
             headers.push((h.key.to_owned(), Bytes::copy_from_slice(value)));
         }
     }
-    let origin =
-        origin.unwrap_or_else(|| format!("{}/{}/{}", m.topic(), m.partition(), m.offset()));
+    let id = id.filter(|i| !i.is_empty()).unwrap_or_else(|| {
+        origin
+            .clone()
+            .unwrap_or_else(|| format!("{}/{}/{}", m.topic(), m.partition(), m.offset()))
+    });
     let message = Message {
-        id: Some(
-            id.filter(|i| !i.is_empty())
-                .unwrap_or_else(|| origin.clone()),
-        ),
+        id: Some(id),
         headers,
         body: Bytes::copy_from_slice(m.payload().unwrap_or_default()),
         content_type,

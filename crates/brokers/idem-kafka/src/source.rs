@@ -170,7 +170,7 @@ impl KafkaSource {
         headers: &[(&str, String)],
     ) -> Result<(), SourceError> {
         let Delivery { message, receipt } = &delivery;
-        let copy_headers = record::copy_headers(message, &receipt.origin, headers);
+        let copy_headers = record::copy_headers(message, &receipt.origin(), headers);
         let mut record = FutureRecord::to(topic)
             .payload(message.body.as_ref())
             .headers(copy_headers);
@@ -217,7 +217,10 @@ impl Source for KafkaSource {
                 let mut state = shared.state.lock();
                 if !state.buffer.is_empty() {
                     let n = max.min(state.buffer.len());
-                    return Ok(state.buffer.drain(..n).collect());
+                    let taken = state.buffer.drain(..n).collect();
+                    drop(state);
+                    shared.drained.notify_one();
+                    return Ok(taken);
                 }
                 if state.closed {
                     return Err(SourceError::new(

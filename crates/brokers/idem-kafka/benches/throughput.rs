@@ -1,0 +1,185 @@
+//! Messages per second consumed from Kafka: a bare rdkafka consumer that
+//! stores each offset after a no-op handler (committed every second, the
+//! usual at-least-once loop), then the runner on [`KafkaSource`] with the
+//! memory and Redis stores. Each side reads a fresh 4-partition topic with
+//! the same pre-published messages (one record per batch, for the test
+//! broker: see docs/design.md), as a fresh group.
+//!
+//! `cargo bench -p idem-kafka --bench throughput`
+//! (`IDEM_BENCH_MESSAGES`, default 20 000, `IDEM_BENCH_CONCURRENCY`,
+//! default 64; the broker from `IDEM_TEST_KAFKA_URL`, Redis from
+//! `IDEM_TEST_REDIS_URL`.)
+
+use std::time::{Duration, Instant};
+
+use idem_consumer::{HandlerError, Runner, Timed};
+use idem_core::{Bytes, ClaimHandle, Guard, Store};
+use idem_kafka::{KafkaConfig, KafkaPublisher, KafkaSource};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use tokio_util::sync::CancellationToken;
+
+const PARTITIONS: i32 = 4;
+
+fn env(var: &str, default: usize) -> usize {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A fresh topic holding `n` messages (ids `m-0` …), its name.
+async fn prepare(brokers: &str, tag: &str, n: usize) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let topic = format!(
+        "bench-{tag}-{}-{}",
+        std::process::id(),
+        nanos % 1_000_000_000
+    );
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    admin
+        .create_topics(
+            &[NewTopic::new(
+                &topic,
+                PARTITIONS,
+                TopicReplication::Fixed(1),
+            )],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap();
+    // One record per batch: tansu 0.6 returns nothing to a fetch that
+    // starts inside a multi-record batch, as a fetch after a pause does.
+    let publisher = KafkaPublisher::with_properties(
+        brokers,
+        &[("linger.ms", "0"), ("batch.num.messages", "1")],
+    )
+    .unwrap();
+    let body = br#"{"order":"o","amount":12}"#;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(2000) {
+        let sends = chunk.iter().map(|i| {
+            let id = format!("m-{i}");
+            let publisher = publisher.clone();
+            let topic = topic.clone();
+            async move {
+                publisher
+                    .publish(&topic, None, Some(id.as_bytes()), &id, &[], body)
+                    .await
+                    .expect("published")
+            }
+        });
+        futures_util::future::join_all(sends).await;
+    }
+    topic
+}
+
+/// The usual at-least-once loop: receive, handle (no-op), store the offset;
+/// librdkafka commits the stored offsets every second.
+async fn bare(brokers: &str, n: usize) -> f64 {
+    let topic = prepare(brokers, "bare", n).await;
+    eprintln!("published {n} to {topic}");
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("{topic}-group"))
+        .set("enable.auto.commit", "true")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[&topic]).unwrap();
+    let started = Instant::now();
+    for _ in 0..n {
+        let m = consumer.recv().await.expect("a message");
+        std::hint::black_box(rdkafka::Message::payload(&m));
+        consumer.store_offset_from_message(&m).unwrap();
+    }
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    consumer
+        .commit_consumer_state(rdkafka::consumer::CommitMode::Sync)
+        .ok();
+    rate
+}
+
+async fn through_runner<S: Store + Clone>(
+    store: S,
+    brokers: &str,
+    tag: &str,
+    n: usize,
+    concurrency: usize,
+) -> f64 {
+    let topic = prepare(brokers, tag, n).await;
+    eprintln!("published {n} to {topic}");
+    let config = KafkaConfig::from_url(&format!(
+        "kafka://{brokers}?topic={topic}&group={topic}-group"
+    ))
+    .unwrap()
+    .concurrency(concurrency);
+    let inner = KafkaSource::connect(config).await.unwrap();
+    let source = Timed::new(inner.clone());
+    let times = source.times();
+    let handler = |m: idem_consumer::Message, _claim: ClaimHandle| async move {
+        std::hint::black_box(&m.body);
+        Ok::<_, HandlerError>(Bytes::new())
+    };
+    let guard = Guard::new(store).retention(Duration::from_secs(600));
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let run = tokio::spawn(
+        Runner::new(guard, source, handler)
+            .concurrency(concurrency)
+            .run(shutdown.clone()),
+    );
+    times.wait_for(n).await;
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    shutdown.cancel();
+    let report = run.await.unwrap().unwrap();
+    assert_eq!(report.handled as usize, n, "{report:?}");
+    inner.close().await;
+    rate
+}
+
+fn main() {
+    let n = env("IDEM_BENCH_MESSAGES", 20_000);
+    let concurrency = env("IDEM_BENCH_CONCURRENCY", 64);
+    let brokers = idem_testkit::services::url("IDEM_TEST_KAFKA_URL", "127.0.0.1:9092");
+    let redis = idem_testkit::services::url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let bare = bare(&brokers, n).await;
+        let memory = through_runner(
+            idem_core::MemoryStore::new(),
+            &brokers,
+            "memory",
+            n,
+            concurrency,
+        )
+        .await;
+        let store = idem_redis::RedisStore::connect(&redis)
+            .await
+            .expect("Redis");
+        let redis_rate = through_runner(store, &brokers, "redis", n, concurrency).await;
+        println!(
+            "\n{n} messages, {PARTITIONS} partitions, concurrency {concurrency}, broker {brokers}\n"
+        );
+        println!("| consumer | msgs/s | ratio to bare |\n|---|---:|---:|");
+        for (name, rate) in [
+            ("bare rdkafka consumer, offsets stored after a no-op", bare),
+            ("runner + MemoryStore", memory),
+            ("runner + RedisStore", redis_rate),
+        ] {
+            println!("| {name} | {rate:.0} | {:.2} |", rate / bare);
+        }
+    });
+}
