@@ -30,8 +30,18 @@ fn bad_settings_are_refused_with_what_to_give() {
     assert!(e.contains("amqp://"), "{e}");
     let e = refused(&["--from", FROM], "to");
     assert!(e.contains("http://127.0.0.1:8080/handle"), "{e}");
-    let e = refused(&["--from", "kafka://127.0.0.1:9092", "--to", TO], "from");
-    assert!(e.contains("nats://"), "{e}");
+    let e = refused(&["--from", "mqtt://127.0.0.1:1883", "--to", TO], "from");
+    assert!(e.contains("nats://") && e.contains("kafka://"), "{e}");
+    let e = refused(
+        &["--from", "kafka://127.0.0.1:9092?topic=t", "--to", TO],
+        "from",
+    );
+    assert!(e.contains("no `group`"), "{e}");
+    let e = refused(
+        &["--from", FROM, "--to", TO, "--retry", "sometimes"],
+        "retry",
+    );
+    assert!(e.contains("redeliver or blocking"), "{e}");
     let e = refused(&["--from", FROM, "--to", "https://example.com/h"], "to");
     assert!(e.contains("http://"), "{e}");
     let e = refused(&["--from", FROM, "--to", TO, "--key", "json:order"], "key");
@@ -95,6 +105,8 @@ fn help_documents_the_interface() {
         "--concurrency",
         "--max-attempts",
         "--dead-letter",
+        "--retry",
+        "kafka://",
         "--metrics-listen",
         "Idempotency-Key",
         "Idem-Fencing-Token",

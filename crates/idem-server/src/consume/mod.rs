@@ -37,8 +37,9 @@ pub struct ConsumeArgs {
     pub namespace: Option<String>,
     /// Where each message's idempotency key comes from: `message-id` (AMQP
     /// message_id, NATS Nats-Msg-Id, the `message-id` field of a Redis
-    /// Streams entry), `header:NAME`, or `json:/pointer` into the JSON body
-    /// [default: message-id].
+    /// Streams entry, the `message-id` header of a Kafka record, else its
+    /// topic/partition/offset), `header:NAME`, or `json:/pointer` into the
+    /// JSON body [default: message-id].
     #[arg(long, env = "IDEM_KEY", value_name = "SPEC")]
     pub key: Option<String>,
     /// Most messages handled at once (and the broker's prefetch) [default: 16].
@@ -48,8 +49,8 @@ pub struct ConsumeArgs {
     /// redeliveries and restarts [default: 16].
     #[arg(long, env = "IDEM_MAX_ATTEMPTS", value_name = "N")]
     pub max_attempts: Option<u32>,
-    /// The dead-letter queue, subject or stream, in the same broker
-    /// [default: the source name plus `.dead-letter`].
+    /// The dead-letter queue, subject, stream or topic, in the same broker
+    /// [default: the source name plus `.dead-letter`; Kafka: TOPIC-dlt].
     #[arg(long, env = "IDEM_DEAD_LETTER", value_name = "NAME")]
     pub dead_letter: Option<String>,
     /// Serve Prometheus metrics (GET /metrics) and GET /health on this

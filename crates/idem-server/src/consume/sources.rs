@@ -28,6 +28,10 @@ pub fn check(from: &str) -> Result<(), ConfigError> {
         "kafka",
     ];
     if known.contains(&scheme) {
+        #[cfg(feature = "kafka")]
+        if scheme == "kafka" {
+            idem_kafka::KafkaConfig::from_url(from).map_err(|e| bad("from", e.to_string()))?;
+        }
         Ok(())
     } else {
         Err(bad(
