@@ -10,8 +10,9 @@
 //! - `sql`: `SqlStore` on PostgreSQL or MySQL/MariaDB, with the consumed
 //!   messages table and guarded state transitions, as `idem::sql`;
 //! - `consumer`: the broker-independent consumer runner, as `idem::consumer`;
-//!   `amqp`, `jetstream` and `redis-streams` add each broker's source, as
-//!   `idem::amqp`, `idem::jetstream` and `idem::redis_streams`.
+//!   `amqp`, `jetstream`, `redis-streams` and `rocketmq` add each broker's
+//!   source, as `idem::amqp`, `idem::jetstream`, `idem::redis_streams` and
+//!   `idem::rocketmq`.
 //!
 //! ```no_run
 //! use idem::{FileStore, Guard, Key, Lease};
@@ -57,3 +58,7 @@ pub use idem_jetstream as jetstream;
 /// Redis Streams as a consumer source.
 #[cfg(feature = "redis-streams")]
 pub use idem_redis_streams as redis_streams;
+
+/// Apache RocketMQ as a consumer source.
+#[cfg(feature = "rocketmq")]
+pub use idem_rocketmq as rocketmq;

@@ -133,6 +133,27 @@ impl RocketMqPublisher {
         self.send(message).await.map_err(fail)
     }
 
+    /// Creates `topic` with `queues` read and write queues on every broker
+    /// that serves the default topic `TBW102`, or updates it (what a
+    /// first publish does implicitly, with the broker's default queue
+    /// count). A consumer that subscribes before its topic exists finds no
+    /// queues until its next rebalance, 20 s later.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future mid-way may leave the topic created on some
+    /// brokers; creating it again completes it.
+    pub async fn create_topic(&self, topic: &str, queues: u32) -> Result<(), PublishError> {
+        let queues = i32::try_from(queues.max(1)).unwrap_or(i32::MAX);
+        let mut producer = self.producer.write().await;
+        Box::pin(producer.create_topic("TBW102", topic, queues, Default::default()))
+            .await
+            .map_err(|e| PublishError {
+                topic: topic.to_owned(),
+                reason: format!("creating it: {e}"),
+            })
+    }
+
     /// Sends a built message and waits for the broker.
     pub(crate) async fn send(&self, message: RocketMessage) -> Result<Published, String> {
         let producer = self.producer.read().await;

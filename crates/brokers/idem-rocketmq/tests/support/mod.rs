@@ -56,9 +56,16 @@ impl Fixture {
         let monitor = RocketMqMonitor::connect(&url)
             .await
             .expect("the admin client starts");
+        // The topic exists before any consumer subscribes, so each is
+        // assigned its queues at once.
+        let topic = unique(&format!("idemtest_{test}"));
+        publisher
+            .create_topic(&topic, 4)
+            .await
+            .expect("the topic is created");
         Some(Self {
             url,
-            topic: unique(&format!("idemtest_{test}")),
+            topic,
             group: unique(&format!("idemtest_{test}_group")),
             publisher,
             monitor,
