@@ -2,15 +2,17 @@
 //! consumer answering `ConsumeSuccess` after a no-op, then the runner with
 //! `RocketMqSource` and the memory and Redis stores; the same concurrency
 //! and the same number of pre-published messages (a fresh topic and group
-//! each). Latency is per message, from the runner taking it to its ack
-//! (the runner rows only: the bare listener has no separate ack).
+//! each). The rate is over the time from the first message's arrival to
+//! the last ack (the consumer's start and rebalance left out). Latency is
+//! per message, from the runner taking it to its ack (the runner rows
+//! only: the bare listener has no separate ack).
 //!
 //! `cargo bench -p idem-rocketmq --bench throughput`
 //! (`IDEM_BENCH_MESSAGES`, `IDEM_BENCH_CONCURRENCY` to change the sizes;
 //! the servers from `IDEM_TEST_ROCKETMQ_URL` and `IDEM_TEST_REDIS_URL`.)
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use idem_consumer::{HandlerError, Runner, Timed};
@@ -87,14 +89,15 @@ fn now() -> u128 {
 
 async fn bare(publisher: &RocketMqPublisher, namesrv: &str, n: usize, concurrency: usize) -> Row {
     let (topic, group) = prepare(publisher, "bare", n).await;
-    let owner = RuntimeOwner::plan(
-        RuntimeConfig::for_parallelism("bench", 2)
-            .with_max_blocking_threads(concurrency + 16)
-            .unwrap(),
-    )
-    .unwrap()
-    .build()
-    .unwrap();
+    // The client's runtime sized as the source sizes it: its default
+    // blocking lane runs 4 listener calls at once on 2 cores.
+    let threads = concurrency + 16;
+    let mut config = RuntimeConfig::for_parallelism("bench", 2)
+        .with_max_blocking_threads(threads)
+        .unwrap();
+    config.blocking_lane_policies.metadata_io.max_concurrency = threads;
+    config.blocking_lane_policies.metadata_io.max_queue_depth = threads * 4;
+    let owner = RuntimeOwner::plan(config).unwrap().build().unwrap();
     let runtime = ClientRuntime::try_new(
         owner.root_context().component("client"),
         ClientRuntimeConfig::default(),
@@ -129,9 +132,11 @@ async fn run_bare(
         .consume_thread_max(concurrency as u32)
         .build();
     consumer.subscribe(topic.to_owned(), "*").await.unwrap();
-    let (c, a) = (consumed.clone(), all.clone());
+    let first = Arc::new(OnceLock::new());
+    let (c, a, f) = (consumed.clone(), all.clone(), first.clone());
     consumer.register_message_listener_concurrently(
         move |msgs: &[&MessageExt], _: &rocketmq_client_rust::ConsumeConcurrentlyContext| {
+            f.get_or_init(Instant::now);
             // The no-op handler.
             std::hint::black_box(msgs);
             if c.fetch_add(msgs.len(), Ordering::AcqRel) + msgs.len() >= n {
@@ -140,10 +145,9 @@ async fn run_bare(
             Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
         },
     );
-    let started = Instant::now();
     consumer.start().await.unwrap();
     all.notified().await;
-    let elapsed = started.elapsed();
+    let elapsed = first.get().unwrap().elapsed();
     consumer.shutdown().await;
     elapsed
 }
@@ -158,7 +162,6 @@ async fn through_runner<S: Store + Clone>(
     concurrency: usize,
 ) -> Row {
     let (topic, group) = prepare(publisher, tag, n).await;
-    let started = Instant::now();
     let inner = RocketMqSource::connect(
         RocketMqConfig::from_url(&format!("{url}?topic={topic}&group={group}"))
             .unwrap()
@@ -168,9 +171,14 @@ async fn through_runner<S: Store + Clone>(
     .unwrap();
     let source = Timed::new(inner.clone());
     let times = source.times();
-    let handler = |m: idem_consumer::Message, _claim: ClaimHandle| async move {
-        std::hint::black_box(&m.body);
-        Ok::<_, HandlerError>(Bytes::new())
+    let first = Arc::new(OnceLock::new());
+    let f = first.clone();
+    let handler = move |m: idem_consumer::Message, _claim: ClaimHandle| {
+        f.get_or_init(Instant::now);
+        async move {
+            std::hint::black_box(&m.body);
+            Ok::<_, HandlerError>(Bytes::new())
+        }
     };
     let guard = Guard::new(store).retention(Duration::from_secs(600));
     let shutdown = CancellationToken::new();
@@ -180,7 +188,7 @@ async fn through_runner<S: Store + Clone>(
             .run(shutdown.clone()),
     );
     times.wait_for(n).await;
-    let elapsed = started.elapsed();
+    let elapsed = first.get().unwrap().elapsed();
     shutdown.cancel();
     let report = run.await.unwrap().unwrap();
     inner.shutdown().await;

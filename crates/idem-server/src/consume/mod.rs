@@ -23,8 +23,9 @@ use crate::{Failure, init_logging, shutdown_signal, store_url};
 pub struct ConsumeArgs {
     /// Where messages come from (required):
     /// amqp://USER:PASS@HOST:PORT/VHOST?queue=NAME,
-    /// nats://HOST:PORT?stream=STREAM&consumer=NAME&subject=SUBJECT, or
-    /// redis://HOST:PORT?stream=NAME&group=GROUP.
+    /// nats://HOST:PORT?stream=STREAM&consumer=NAME&subject=SUBJECT,
+    /// redis://HOST:PORT?stream=NAME&group=GROUP, or
+    /// rocketmq://NAMESRV_HOST:PORT?topic=TOPIC&group=GROUP.
     #[arg(long, env = "IDEM_FROM", value_name = "SOURCE_URL")]
     pub from: Option<String>,
     /// The HTTP endpoint that handles each message, e.g.
@@ -36,7 +37,7 @@ pub struct ConsumeArgs {
     pub namespace: Option<String>,
     /// Where each message's idempotency key comes from: `message-id` (AMQP
     /// message_id, NATS Nats-Msg-Id, the `message-id` field of a Redis
-    /// Streams entry), `header:NAME`, or `json:/pointer` into the JSON body
+    /// Streams entry, RocketMQ KEYS), `header:NAME`, or `json:/pointer` into the JSON body
     /// [default: message-id].
     #[arg(long, env = "IDEM_KEY", value_name = "SPEC")]
     pub key: Option<String>,
@@ -47,8 +48,9 @@ pub struct ConsumeArgs {
     /// redeliveries and restarts [default: 16].
     #[arg(long, env = "IDEM_MAX_ATTEMPTS", value_name = "N")]
     pub max_attempts: Option<u32>,
-    /// The dead-letter queue, subject or stream, in the same broker
-    /// [default: the source name plus `.dead-letter`].
+    /// The dead-letter queue, subject, stream or topic, in the same broker
+    /// [default: the source name plus `.dead-letter`; on RocketMQ
+    /// `%DLQ%GROUP`].
     #[arg(long, env = "IDEM_DEAD_LETTER", value_name = "NAME")]
     pub dead_letter: Option<String>,
     /// Serve Prometheus metrics (GET /metrics) and GET /health on this
