@@ -10,9 +10,10 @@
 //! - `sql`: `SqlStore` on PostgreSQL or MySQL/MariaDB, with the consumed
 //!   messages table and guarded state transitions, as `idem::sql`;
 //! - `consumer`: the broker-independent consumer runner, as `idem::consumer`;
-//!   `amqp`, `jetstream`, `redis-streams` and `kafka` add each broker's
-//!   source, as `idem::amqp`, `idem::jetstream`, `idem::redis_streams` and
-//!   `idem::kafka` (`kafka` builds librdkafka from its C sources).
+//!   `amqp`, `jetstream`, `redis-streams`, `kafka` and `rocketmq` add each
+//!   broker's source, as `idem::amqp`, `idem::jetstream`,
+//!   `idem::redis_streams`, `idem::kafka` (it builds librdkafka from its C
+//!   sources) and `idem::rocketmq`.
 //!
 //! ```no_run
 //! use idem::{FileStore, Guard, Key, Lease};
@@ -60,3 +61,7 @@ pub use idem_kafka as kafka;
 /// Redis Streams as a consumer source.
 #[cfg(feature = "redis-streams")]
 pub use idem_redis_streams as redis_streams;
+
+/// Apache RocketMQ as a consumer source.
+#[cfg(feature = "rocketmq")]
+pub use idem_rocketmq as rocketmq;

@@ -25,7 +25,8 @@ pub struct ConsumeArgs {
     /// amqp://USER:PASS@HOST:PORT/VHOST?queue=NAME,
     /// nats://HOST:PORT?stream=STREAM&consumer=NAME&subject=SUBJECT,
     /// redis://HOST:PORT?stream=NAME&group=GROUP, or
-    /// kafka://HOST:PORT?topic=TOPIC&group=GROUP.
+    /// kafka://HOST:PORT?topic=TOPIC&group=GROUP, or
+    /// rocketmq://NAMESRV_HOST:PORT?topic=TOPIC&group=GROUP.
     #[arg(long, env = "IDEM_FROM", value_name = "SOURCE_URL")]
     pub from: Option<String>,
     /// The HTTP endpoint that handles each message, e.g.
@@ -38,8 +39,8 @@ pub struct ConsumeArgs {
     /// Where each message's idempotency key comes from: `message-id` (AMQP
     /// message_id, NATS Nats-Msg-Id, the `message-id` field of a Redis
     /// Streams entry, the `message-id` header of a Kafka record, else its
-    /// topic/partition/offset), `header:NAME`, or `json:/pointer` into the
-    /// JSON body [default: message-id].
+    /// topic/partition/offset, RocketMQ KEYS), `header:NAME`, or
+    /// `json:/pointer` into the JSON body [default: message-id].
     #[arg(long, env = "IDEM_KEY", value_name = "SPEC")]
     pub key: Option<String>,
     /// Most messages handled at once (and the broker's prefetch) [default: 16].
@@ -50,7 +51,8 @@ pub struct ConsumeArgs {
     #[arg(long, env = "IDEM_MAX_ATTEMPTS", value_name = "N")]
     pub max_attempts: Option<u32>,
     /// The dead-letter queue, subject, stream or topic, in the same broker
-    /// [default: the source name plus `.dead-letter`; Kafka: TOPIC-dlt].
+    /// [default: the source name plus `.dead-letter`; Kafka: TOPIC-dlt;
+    /// RocketMQ: `%DLQ%GROUP`].
     #[arg(long, env = "IDEM_DEAD_LETTER", value_name = "NAME")]
     pub dead_letter: Option<String>,
     /// Serve Prometheus metrics (GET /metrics) and GET /health on this

@@ -26,6 +26,8 @@ pub fn check(from: &str) -> Result<(), ConfigError> {
         "rediss",
         #[cfg(feature = "kafka")]
         "kafka",
+        #[cfg(feature = "rocketmq")]
+        "rocketmq",
     ];
     if known.contains(&scheme) {
         #[cfg(feature = "kafka")]
@@ -54,6 +56,8 @@ pub async fn run(from: &str, job: Job) -> Result<Report, Failure> {
         "redis" | "rediss" => redis_streams(from, job).await,
         #[cfg(feature = "kafka")]
         "kafka" => kafka(from, job).await,
+        #[cfg(feature = "rocketmq")]
+        "rocketmq" => rocketmq(from, job).await,
         _ => unreachable!("checked above"),
     }
 }
@@ -61,7 +65,8 @@ pub async fn run(from: &str, job: Job) -> Result<Report, Failure> {
 const FORMS: &str = "give amqp://USER:PASS@HOST:PORT/VHOST?queue=NAME, \
     nats://HOST:PORT?stream=STREAM&consumer=NAME&subject=SUBJECT, \
     redis://HOST:PORT?stream=NAME&group=GROUP or \
-    kafka://HOST:PORT?topic=TOPIC&group=GROUP";
+    kafka://HOST:PORT?topic=TOPIC&group=GROUP or \
+    rocketmq://NAMESRV_HOST:PORT?topic=TOPIC&group=GROUP";
 
 #[cfg(feature = "amqp")]
 async fn amqp(from: &str, job: Job) -> Result<Report, Failure> {
@@ -137,5 +142,30 @@ async fn kafka(from: &str, mut job: Job) -> Result<Report, Failure> {
     let report = job.run(source.clone()).await;
     // Commits what finished and leaves the group.
     source.close().await;
+    report
+}
+
+#[cfg(feature = "rocketmq")]
+async fn rocketmq(from: &str, job: Job) -> Result<Report, Failure> {
+    use idem_rocketmq::{RocketMqConfig, RocketMqSource};
+    let mut config = RocketMqConfig::from_url(from)
+        .map_err(|e| bad("from", e.to_string()))?
+        .concurrency(job.concurrency)
+        .lease(job.lease);
+    // The broker parks a message in %DLQ% after its own count of
+    // redeliveries, without idem's headers: never before the runner's last
+    // attempt.
+    let reconsume = config.max_reconsume_times_value().max(job.max_attempts);
+    config = config.max_reconsume_times(reconsume);
+    if let Some(topic) = &job.dead_letter {
+        config = config.dead_letter(topic.clone());
+    }
+    let source = RocketMqSource::connect(config)
+        .await
+        .map_err(|e| Failure::Run(e.to_string()))?;
+    let report = job.run(source.clone()).await;
+    // Commits the offsets; what the runner never acked (handed back at
+    // shutdown, or not yet fetched) goes to the next consumer uncounted.
+    source.shutdown().await;
     report
 }
