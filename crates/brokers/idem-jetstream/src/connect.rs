@@ -78,6 +78,9 @@ fn request(what: impl Into<String>, e: impl std::fmt::Display) -> ConnectError {
 /// Connects to the server and checks that JetStream answers.
 pub(crate) async fn jetstream(server: &Url) -> Result<context::Context, ConnectError> {
     let address = address_of(server);
+    // rustls chooses a crypto provider by itself only when the program
+    // links exactly one; ring is the one this crate asks for.
+    let _ = async_nats::rustls::crypto::ring::default_provider().install_default();
     let client = async_nats::ConnectOptions::new()
         .connection_timeout(Duration::from_secs(5))
         .connect(server.as_str())

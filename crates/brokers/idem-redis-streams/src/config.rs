@@ -193,6 +193,8 @@ impl RedisStreamConfig {
     /// A client for the server, with the configured certificates.
     pub(crate) fn client(&self) -> redis::RedisResult<redis::Client> {
         #[cfg(feature = "tls")]
+        idem_redis::install_crypto_provider();
+        #[cfg(feature = "tls")]
         if let Some(certs) = &self.tls {
             return redis::Client::build_with_tls(self.server.as_str(), certs.clone());
         }

@@ -81,6 +81,8 @@ impl RedisStoreBuilder {
         answer_within: Duration,
     ) -> redis::RedisResult<Conn> {
         if self.cluster {
+            #[cfg(feature = "tls")]
+            install_crypto_provider();
             let builder = redis::cluster::ClusterClientBuilder::new(self.nodes.clone())
                 .connection_timeout(self.timeout)
                 .response_timeout(answer_within);
@@ -106,11 +108,24 @@ impl RedisStoreBuilder {
     /// A client for `url`, with the configured certificates.
     pub(crate) fn client(&self, url: &str) -> redis::RedisResult<redis::Client> {
         #[cfg(feature = "tls")]
+        install_crypto_provider();
+        #[cfg(feature = "tls")]
         if let Some(certs) = &self.tls {
             return redis::Client::build_with_tls(url, certs.clone());
         }
         redis::Client::open(url)
     }
+}
+
+/// Makes ring rustls's process-wide crypto provider, unless one is set
+/// already. rustls chooses one by itself only when the build links exactly
+/// one; a program that also links aws-lc-rs through another dependency
+/// would otherwise fail at its first TLS connection. Called before every
+/// TLS client this crate makes; other TLS users in the same program can
+/// call it too.
+#[cfg(feature = "tls")]
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 #[cfg(feature = "tls")]

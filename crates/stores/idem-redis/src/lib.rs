@@ -85,6 +85,8 @@ mod script;
 mod store;
 
 pub use self::builder::RedisStoreBuilder;
+#[cfg(feature = "tls")]
+pub use self::conn::install_crypto_provider;
 pub use self::conn::{ConnectError, redacted};
 pub use self::lock::{Lock, LockGuard};
 pub use self::store::RedisStore;
