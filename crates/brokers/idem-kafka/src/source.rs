@@ -247,6 +247,14 @@ impl Source for KafkaSource {
     /// and the message is finished. Blocking: the message is handed out
     /// again after `delay`, its offset held (the runner normally waits in
     /// place itself, see [`RetryMode::Blocking`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// The runner awaits it to the end. Dropped while the copy is being
+    /// written, the message is neither finished nor handed out again: its
+    /// partition's commit stays before it, so it comes again after a
+    /// restart or a rebalance (the copy, if written, is a duplicate the
+    /// guard absorbs).
     async fn retry(
         &self,
         mut delivery: Delivery<Receipt>,
@@ -276,6 +284,10 @@ impl Source for KafkaSource {
         }
     }
 
+    /// # Cancel safety
+    ///
+    /// As for [`retry`](Source::retry): a dropped call leaves the offset
+    /// uncommitted, never committed past a message whose copy was lost.
     async fn dead_letter(
         &self,
         delivery: Delivery<Receipt>,

@@ -119,3 +119,40 @@ async fn a_record_without_an_id_is_known_by_its_origin() {
     idem_consumer::Source::ack(&source, delivery).await.unwrap();
     source.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_dropped_while_it_waits_loses_nothing() {
+    let Some(f) = Fixture::new("dropped-fetch", 1).await else {
+        return;
+    };
+    let source = f.source("").await;
+    // Nothing published yet: the fetch waits, and is dropped mid-wait.
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(50),
+        idem_consumer::Source::fetch(&source, 10),
+    )
+    .await;
+    assert!(dropped.is_err(), "the fetch was still waiting when dropped");
+    f.publish("after-drop", Some(0), "{}").await;
+    let mut got = Vec::new();
+    for _ in 0..40 {
+        got = idem_consumer::Source::fetch(&source, 10).await.unwrap();
+        if !got.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(
+        got.len(),
+        1,
+        "the message polled after the drop is handed out"
+    );
+    assert_eq!(got[0].message.id.as_deref(), Some("after-drop"));
+    let delivery = got.pop().unwrap();
+    idem_consumer::Source::ack(&source, delivery).await.unwrap();
+    source.close().await;
+    assert_eq!(
+        f.committed().await.get(&0),
+        Some(&1),
+        "acked and committed at close"
+    );
+}
