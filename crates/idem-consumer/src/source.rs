@@ -8,7 +8,7 @@ use idem_core::BoxError;
 use crate::Delivery;
 
 /// A broker seen through the verbs the runner needs. Each adapter (RabbitMQ,
-/// NATS JetStream, Redis Streams, Kafka) implements it; [`MemorySource`](crate::MemorySource)
+/// NATS JetStream, Redis Streams, Kafka, RocketMQ) implements it; [`MemorySource`](crate::MemorySource)
 /// is one in memory, for tests.
 ///
 /// Every verb that settles a delivery takes it by value: a delivery is acked,

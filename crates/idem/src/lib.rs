@@ -56,6 +56,7 @@ pub use idem_amqp as amqp;
 #[cfg(feature = "jetstream")]
 pub use idem_jetstream as jetstream;
 
+/// Apache Kafka (or any Kafka-protocol broker) as a consumer source.
 #[cfg(feature = "kafka")]
 pub use idem_kafka as kafka;
 /// Redis Streams as a consumer source.
