@@ -43,6 +43,10 @@
 //! println!("{report:?}");
 //! # Ok(()) }
 //! ```
+//!
+//! A new source is tested with `testing` (feature `test-util`): a handler
+//! that records every call and effect, a runner started and stopped, and a
+//! consumer that dies mid-handler.
 #![deny(missing_docs)]
 
 mod backoff;
@@ -52,6 +56,8 @@ mod memory;
 mod message;
 mod runner;
 mod source;
+#[cfg(feature = "test-util")]
+pub mod testing;
 mod timed;
 
 pub use backoff::Backoff;

@@ -3,13 +3,12 @@
 
 mod support;
 
-use std::sync::mpsc;
 use std::time::Duration;
 
 use idem_consumer::Runner;
+use idem_consumer::testing::die_mid_handler;
 use idem_core::{Guard, Lease, MemoryStore};
-use support::{Effects, Fixture, done, spawn, wait_settled, wait_until};
-use tokio_util::sync::CancellationToken;
+use support::{Effects, Fixture, spawn, wait_settled, wait_until};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_whose_consumer_died_is_redelivered_and_handled_once() {
@@ -25,36 +24,17 @@ async fn a_message_whose_consumer_died_is_redelivered_and_handled_once() {
 
     // The first consumer runs on a runtime of its own (its connection too),
     // and dies with it while its handler works.
-    let (started_tx, started_rx) = mpsc::channel();
-    let doomed = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let first_store = store.clone();
     let first_config = config.clone();
-    doomed.spawn(async move {
-        let source = idem_jetstream::JetStreamSource::connect(first_config)
-            .await
-            .unwrap();
-        let handler = move |_m: idem_consumer::Message, _claim: support::Claim| {
-            let started = started_tx.clone();
-            async move {
-                started.send(()).unwrap();
-                std::future::pending::<()>().await;
-                done()
-            }
-        };
-        let guard = Guard::new(first_store).lease(Lease::new(lease));
-        let _ = Runner::new(guard, source, handler)
-            .run(CancellationToken::new())
-            .await;
-    });
-    tokio::task::spawn_blocking(move || started_rx.recv_timeout(Duration::from_secs(10)))
-        .await
-        .unwrap()
-        .expect("the first handler starts");
-    doomed.shutdown_background();
+    die_mid_handler(
+        Guard::new(store.clone()).lease(Lease::new(lease)),
+        move || async move {
+            idem_jetstream::JetStreamSource::connect(first_config)
+                .await
+                .unwrap()
+        },
+        Duration::from_secs(10),
+    )
+    .await;
 
     let effects = Effects::default();
     let handler = effects.handler(Duration::ZERO);

@@ -1,38 +1,20 @@
 //! What the JetStream tests share: a stream of their own on the test server
 //! (deleted at the end, also when the test fails), a publisher, and waits.
-#![allow(dead_code)]
+// Each test binary uses some of what is here.
+#![allow(dead_code, unused_imports)]
 
-use std::collections::HashMap;
-use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_nats::jetstream;
-use idem_consumer::{HandlerError, Message, Report, Runner};
-use idem_core::{Bytes, ClaimHandle, Guard, Lease, MemoryStore};
 use idem_jetstream::{JetStreamConfig, JetStreamPublisher, JetStreamSource};
-use parking_lot::Mutex;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+
+pub use idem_consumer::testing::{
+    Claim, Effects, Running, done, guard, header, spawn, unique, wait_until,
+};
 
 /// The test server's URL (`IDEM_TEST_NATS_URL`, default loopback).
 pub fn server_url() -> String {
     idem_testkit::services::url("IDEM_TEST_NATS_URL", "nats://127.0.0.1:4222")
-}
-
-/// A name no other test (or run) uses.
-pub fn unique(prefix: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!(
-        "{prefix}_{}_{nanos}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
 }
 
 /// A stream name, consumer name and subject of the test's own; the streams
@@ -176,119 +158,6 @@ impl Drop for Fixture {
     }
 }
 
-/// What a handler did: calls and effects per key, and the attempts seen.
-#[derive(Clone, Default)]
-pub struct Effects {
-    inner: Arc<Mutex<EffectsInner>>,
-}
-
-#[derive(Default)]
-struct EffectsInner {
-    calls: HashMap<String, u32>,
-    applied: HashMap<String, u32>,
-    attempts: HashMap<String, Vec<u32>>,
-    started: HashMap<String, tokio::time::Instant>,
-}
-
-impl Effects {
-    /// Records a handler call for `key` at `attempt`.
-    pub fn called(&self, key: &str, attempt: u32) {
-        let mut e = self.inner.lock();
-        *e.calls.entry(key.into()).or_default() += 1;
-        e.attempts.entry(key.into()).or_default().push(attempt);
-        e.started
-            .entry(key.into())
-            .or_insert_with(tokio::time::Instant::now);
-    }
-    /// Records the effect for `key`.
-    pub fn apply(&self, key: &str) {
-        *self.inner.lock().applied.entry(key.into()).or_default() += 1;
-    }
-    pub fn calls(&self, key: &str) -> u32 {
-        self.inner.lock().calls.get(key).copied().unwrap_or(0)
-    }
-    pub fn applied(&self, key: &str) -> u32 {
-        self.inner.lock().applied.get(key).copied().unwrap_or(0)
-    }
-    pub fn attempts(&self, key: &str) -> Vec<u32> {
-        self.inner
-            .lock()
-            .attempts
-            .get(key)
-            .cloned()
-            .unwrap_or_default()
-    }
-    pub fn started(&self, key: &str) -> bool {
-        self.inner.lock().started.contains_key(key)
-    }
-    pub fn applied_total(&self) -> u32 {
-        self.inner.lock().applied.values().sum()
-    }
-
-    /// A handler keyed by message id that records the call, works for
-    /// `pause`, then applies the effect.
-    pub fn handler(&self, pause: Duration) -> impl idem_consumer::Handler {
-        let effects = self.clone();
-        move |m: Message, _claim: ClaimHandle| {
-            let effects = effects.clone();
-            async move {
-                let key = m.id.clone().unwrap_or_default();
-                effects.called(&key, m.attempt);
-                tokio::time::sleep(pause).await;
-                effects.apply(&key);
-                done()
-            }
-        }
-    }
-}
-
-/// A guard on a fresh memory store with `lease`.
-pub fn guard(lease: Duration) -> Guard<MemoryStore> {
-    Guard::new(MemoryStore::new()).lease(Lease::new(lease))
-}
-
-/// A running runner: cancel `shutdown` and await `done` for its report.
-pub struct Running {
-    pub shutdown: CancellationToken,
-    pub done: JoinHandle<Report>,
-}
-
-impl Running {
-    pub async fn stop(self) -> Report {
-        self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(30), self.done)
-            .await
-            .expect("the runner stops")
-            .expect("the runner does not panic")
-    }
-}
-
-/// Spawns `runner`.
-pub fn spawn<H: idem_consumer::Handler>(
-    runner: Runner<MemoryStore, JetStreamSource, H>,
-) -> Running {
-    let shutdown = CancellationToken::new();
-    let token = shutdown.clone();
-    let done = tokio::spawn(async move { runner.run(token).await.expect("the runner starts") });
-    Running { shutdown, done }
-}
-
-/// Waits until `check` answers true, for at most `limit`.
-pub async fn wait_until<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "waited {limit:?} for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Waits until the consumer has nothing pending and nothing unacknowledged.
 pub async fn wait_settled(source: &JetStreamSource) {
     wait_until(Duration::from_secs(10), "every message acked", || async {
@@ -297,17 +166,3 @@ pub async fn wait_settled(source: &JetStreamSource) {
     })
     .await;
 }
-
-/// A message's text header.
-pub fn header(m: &Message, name: &str) -> String {
-    m.header(name)
-        .map(|v| String::from_utf8_lossy(v).into_owned())
-        .unwrap_or_default()
-}
-
-/// `Ok(empty)` from a handler.
-pub fn done() -> Result<Bytes, HandlerError> {
-    Ok(Bytes::new())
-}
-
-pub type Claim = ClaimHandle;

@@ -1,13 +1,13 @@
 //! What the Redis Streams tests share: a stream of their own on the test
 //! Redis (deleted at the end), publishing, and looking at what is left.
-#![allow(dead_code)]
+// Each test binary uses some of what is here.
+#![allow(dead_code, unused_imports)]
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_consumer::{Message, Report, Runner};
+use idem_consumer::Message;
 use idem_core::{Bytes, Guard, Lease, MemoryStore};
 use idem_redis_streams::{
     Backlog, ConnectError, RedisStreamConfig, RedisStreamPublisher, RedisStreamSource,
@@ -16,8 +16,6 @@ use idem_testkit::services::{absent, url};
 use parking_lot::Mutex;
 use redis::Commands;
 use tokio::sync::OnceCell;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 /// A stream, its group and side keys, named for one test.
 pub struct Fixture {
@@ -166,45 +164,8 @@ pub fn guard(lease_ms: u64) -> Guard<MemoryStore> {
     Guard::new(MemoryStore::new()).lease(Lease::from_millis(lease_ms))
 }
 
-/// A runner started in a task, and the token that stops it.
-pub struct Running {
-    pub stop: CancellationToken,
-    pub task: JoinHandle<Report>,
-}
+/// A runner started in a task (`Running::start`), stopped for its report.
+pub use idem_consumer::testing::Running;
 
-impl Running {
-    pub fn start<H: idem_consumer::Handler>(
-        runner: Runner<MemoryStore, RedisStreamSource, H>,
-    ) -> Self {
-        let stop = CancellationToken::new();
-        let task = tokio::spawn({
-            let stop = stop.clone();
-            async move { runner.run(stop).await.expect("the runner starts") }
-        });
-        Self { stop, task }
-    }
-
-    pub async fn stop(self) -> Report {
-        self.stop.cancel();
-        tokio::time::timeout(Duration::from_secs(20), self.task)
-            .await
-            .expect("the runner stops")
-            .expect("the runner does not panic")
-    }
-}
-
-/// Waits until `done` holds, checking every 20 ms, for at most `within`.
-pub async fn eventually<F, Fut>(within: Duration, what: &str, mut done: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + within;
-    while !done().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not within {within:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+/// Waits until a check holds, for at most a limit.
+pub use idem_consumer::testing::wait_until as eventually;
