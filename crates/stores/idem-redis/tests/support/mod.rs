@@ -95,9 +95,10 @@ pub async fn cli(port: u16, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
-/// Polls `check` every 50 ms for up to 10 s.
+/// Polls `check` every 50 ms for up to 30 s (a replica's first sync on a
+/// loaded machine takes several seconds).
 pub async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    for _ in 0..200 {
+    for _ in 0..600 {
         if check().await {
             return;
         }
