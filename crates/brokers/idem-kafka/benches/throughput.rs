@@ -3,13 +3,15 @@
 //! usual at-least-once loop), then the runner on [`KafkaSource`] with the
 //! memory and Redis stores. Each side reads a fresh 4-partition topic with
 //! the same pre-published messages (one record per batch, for the test
-//! broker: see docs/design.md), as a fresh group.
+//! broker: see docs/design.md), as a fresh group. Each rate runs from the
+//! first message handled to the last, leaving the group join out.
 //!
 //! `cargo bench -p idem-kafka --bench throughput`
 //! (`IDEM_BENCH_MESSAGES`, default 20 000, `IDEM_BENCH_CONCURRENCY`,
 //! default 64; the broker from `IDEM_TEST_KAFKA_URL`, Redis from
 //! `IDEM_TEST_REDIS_URL`.)
 
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use idem_consumer::{HandlerError, Runner, Timed};
@@ -96,13 +98,20 @@ async fn bare(brokers: &str, n: usize) -> f64 {
         .create()
         .unwrap();
     consumer.subscribe(&[&topic]).unwrap();
-    let started = Instant::now();
+    let joining = Instant::now();
+    let mut first = None;
     for _ in 0..n {
         let m = consumer.recv().await.expect("a message");
+        first.get_or_insert_with(Instant::now);
         std::hint::black_box(rdkafka::Message::payload(&m));
         consumer.store_offset_from_message(&m).unwrap();
     }
-    let rate = n as f64 / started.elapsed().as_secs_f64();
+    let first = first.unwrap();
+    eprintln!(
+        "bare: the first message came {:?} after subscribing",
+        first - joining
+    );
+    let rate = n as f64 / first.elapsed().as_secs_f64();
     consumer
         .commit_consumer_state(rdkafka::consumer::CommitMode::Sync)
         .ok();
@@ -126,20 +135,30 @@ async fn through_runner<S: Store + Clone>(
     let inner = KafkaSource::connect(config).await.unwrap();
     let source = Timed::new(inner.clone());
     let times = source.times();
-    let handler = |m: idem_consumer::Message, _claim: ClaimHandle| async move {
-        std::hint::black_box(&m.body);
-        Ok::<_, HandlerError>(Bytes::new())
+    let first = Arc::new(OnceLock::new());
+    let handler = {
+        let first = first.clone();
+        move |m: idem_consumer::Message, _claim: ClaimHandle| {
+            first.get_or_init(Instant::now);
+            std::hint::black_box(&m.body);
+            std::future::ready(Ok::<_, HandlerError>(Bytes::new()))
+        }
     };
     let guard = Guard::new(store).retention(Duration::from_secs(600));
     let shutdown = CancellationToken::new();
-    let started = Instant::now();
+    let joining = Instant::now();
     let run = tokio::spawn(
         Runner::new(guard, source, handler)
             .concurrency(concurrency)
             .run(shutdown.clone()),
     );
     times.wait_for(n).await;
-    let rate = n as f64 / started.elapsed().as_secs_f64();
+    let first = *first.get().unwrap();
+    eprintln!(
+        "{tag}: the first message came {:?} after connecting",
+        first - joining
+    );
+    let rate = n as f64 / first.elapsed().as_secs_f64();
     shutdown.cancel();
     let report = run.await.unwrap().unwrap();
     assert_eq!(report.handled as usize, n, "{report:?}");
