@@ -50,6 +50,7 @@
 #![deny(missing_docs)]
 
 mod backoff;
+pub mod copy;
 mod handler;
 mod key;
 mod memory;
@@ -66,5 +67,5 @@ pub use key::{KeyFrom, KeyFromError};
 pub use memory::MemorySource;
 pub use message::{Delivery, Message};
 pub use runner::{Report, RunError, Runner};
-pub use source::{DeadLetter, RetryReason, Source, SourceError};
+pub use source::{Capabilities, DeadLetter, RetryReason, Source, SourceError};
 pub use timed::{AckTimes, Timed};

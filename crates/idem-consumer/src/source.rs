@@ -84,6 +84,68 @@ pub trait Source: Send + Sync + 'static {
         let _ = receipt;
         async { Ok(()) }
     }
+
+    /// What this source's verbs mean on its broker, for the runner to
+    /// adapt (default: [`Capabilities::default`]).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
+    /// Stops handing out messages of `lane` (a partition) until
+    /// [`resume_lane`](Source::resume_lane): the runner calls it while a
+    /// message of that lane waits in place, so the messages behind it stay
+    /// at the broker instead of taking the runner's room. A source without
+    /// lanes ignores it.
+    fn pause_lane(&self, lane: &bytes::Bytes) {
+        let _ = lane;
+    }
+
+    /// Hands out messages of `lane` again.
+    fn resume_lane(&self, lane: &bytes::Bytes) {
+        let _ = lane;
+    }
+}
+
+/// What a [`Source`]'s verbs mean on its broker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// A retry handed to the broker uses up a delivery the broker counts
+    /// itself (RocketMQ's reconsume times, NATS's delivery count): a retry
+    /// because another holder is working ([`RetryReason::Busy`]) then
+    /// waits in the runner, kept alive, instead of going to the broker, so
+    /// that only handler failures use up attempts.
+    pub busy_retry_uses_attempt: bool,
+    /// The longest the broker lets a consumer hold one delivery without
+    /// settling it, however often it is kept alive (RabbitMQ's consumer
+    /// timeout); `None` for no limit. A retry waiting in place longer goes
+    /// to the broker instead.
+    pub max_hold: Option<Duration>,
+}
+
+impl Default for Capabilities {
+    /// Busy retries counted by idem only, deliveries held as long as kept
+    /// alive.
+    fn default() -> Self {
+        Self {
+            busy_retry_uses_attempt: false,
+            max_hold: None,
+        }
+    }
+}
+
+impl Capabilities {
+    /// These capabilities, with busy retries using up the broker's count.
+    pub fn busy_retry_uses_attempt(mut self, yes: bool) -> Self {
+        self.busy_retry_uses_attempt = yes;
+        self
+    }
+
+    /// These capabilities, with deliveries held at most `hold`.
+    pub fn max_hold(mut self, hold: Duration) -> Self {
+        self.max_hold = Some(hold);
+        self
+    }
 }
 
 /// Why a message is retried.
@@ -125,12 +187,15 @@ pub struct DeadLetter {
 }
 
 impl DeadLetter {
-    /// The headers a dead-lettered message gets, beside its own.
+    /// The headers a dead-lettered message gets, beside its own, each
+    /// value made safe with [`header_text`](crate::copy::header_text) (a
+    /// handler's error body may span lines; a key may hold anything).
     pub fn headers(&self) -> [(&'static str, String); 3] {
+        let safe = |text: &str| crate::copy::header_text(text).into_owned();
         [
-            ("idem-key", self.key.clone().unwrap_or_default()),
+            ("idem-key", safe(self.key.as_deref().unwrap_or_default())),
             ("idem-attempts", self.attempts.to_string()),
-            ("idem-last-error", self.last_error.clone()),
+            ("idem-last-error", safe(&self.last_error)),
         ]
     }
 }
