@@ -414,35 +414,6 @@ async fn handler_sees_its_token_and_attempt() {
     assert!(token > abandoned.token.get() && token > first);
 }
 
-/// Storing the outcome is retried on transient failures, twice, with a
-/// growing pause: two failures are absorbed, a third is returned.
-#[tokio::test(start_paused = true)]
-async fn storing_the_outcome_retries_transient_failures_twice() {
-    let store = Switchable::new(MemoryStore::new());
-    let guard = Guard::new(store.clone());
-    store.fail_next_completes(2);
-    let start = tokio::time::Instant::now();
-    let r = guard
-        .run(&key("retry-2"), None, |_| async { Ok::<_, String>(7) })
-        .await;
-    assert_eq!(r.unwrap(), 7);
-    assert_eq!(
-        start.elapsed(),
-        Duration::from_millis(10 + 40),
-        "backs off 10 ms, then 40 ms"
-    );
-    assert!(matches!(
-        store.get(&key("retry-2")).await.unwrap(),
-        Some(Record::Completed(_))
-    ));
-
-    store.fail_next_completes(3);
-    let r = guard
-        .run(&key("retry-3"), None, |_| async { Ok::<_, String>(7) })
-        .await;
-    assert!(matches!(r, Err(GuardError::Store(_))), "{r:?}");
-}
-
 fn count(n: &AtomicU32) -> u32 {
     n.load(Ordering::SeqCst)
 }

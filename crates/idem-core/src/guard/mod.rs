@@ -3,11 +3,13 @@
 mod error;
 
 use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::FutureExt;
+use parking_lot::Mutex;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
@@ -39,9 +41,12 @@ use crate::{Begin, BoxError, Claim, Fenced, FencingToken, Fingerprint, Key, Leas
 /// 2. `Acquired` runs the handler. A watchdog extends the lease every third
 ///    of its length; if the lease is lost the handler's [`ClaimHandle`] says
 ///    so.
-/// 3. `Ok(v)` stores `v` (as JSON) and returns it. `Err`, a panic, or the
-///    future being dropped releases the claim so that a redelivery runs again
-///    (after the compensation step, if one is given).
+/// 3. `Ok(v)` stores `v` (as JSON) and returns it. A store that fails
+///    meanwhile is retried, with growing pauses, while the watchdog keeps
+///    the lease, up to the last known lease end: a blip of the store does
+///    not run the handler again. `Err`, a panic, or the future being
+///    dropped releases the claim so that a redelivery runs again (after the
+///    compensation step, if one is given).
 /// 4. A store that cannot be reached fails the call (fail closed), unless
 ///    [`fail_open`](Guard::fail_open) is set: then the handler runs unguarded
 ///    and `idem_guard_fail_open_total` counts it.
@@ -194,6 +199,18 @@ impl<S: Store + Clone> Guard<S> {
     }
 
     /// The general form: outcomes are stored with `codec` instead of JSON.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before the claim is acquired leaves what a
+    /// dropped [`Store::begin`] leaves (a claim nobody heard of ends with its
+    /// lease). Dropping it later releases the claim (on a spawned task), so
+    /// a redelivery runs at once; the compensation step does not run. That
+    /// holds while the outcome is being stored, too: the retries stop, and
+    /// a `complete` already sent either lands first (the release then
+    /// answers `Stale` and the outcome stands) or after the release (it is
+    /// then `Stale` and changes nothing). The same goes for
+    /// [`run`](Guard::run) and [`run_compensated`](Guard::run_compensated).
     pub async fn run_with<T, E, F, Fut, C, CFut, K>(
         &self,
         codec: &K,
@@ -245,8 +262,9 @@ impl<S: Store + Clone> Guard<S> {
     /// # Cancel safety
     ///
     /// Dropping the future releases the claim (on a spawned task), so a
-    /// redelivery runs at once; an outcome already on its way to the store
-    /// may still land, as with [`Store::complete`].
+    /// redelivery runs at once, also while the outcome is being stored (the
+    /// retries stop); an outcome already on its way to the store may still
+    /// land first, as with [`Store::complete`], and then stands.
     pub async fn run_acquired<T, E, F, Fut, K>(
         &self,
         codec: &K,
@@ -292,14 +310,22 @@ impl<S: Store + Clone> Guard<S> {
             attempt: claim.attempt,
             lost: lost.clone(),
         };
+        let lease_end = Mutex::new(lease_end);
         let work = AssertUnwindSafe(handler(handle)).catch_unwind();
-        let watchdog = self.watchdog(key, claim.token, lease_end, &lost);
-        let result = {
-            tokio::pin!(work, watchdog);
-            tokio::select! {
-                biased;
-                r = &mut work => r,
-                () = &mut watchdog => work.await,
+        // Renews until the lease is lost or about to be: while the handler
+        // runs, and on while its outcome is being stored.
+        let renewals = self.renew(key, claim.token, &lease_end);
+        tokio::pin!(work, renewals);
+        let mut renewing = true;
+        let result = tokio::select! {
+            biased;
+            r = &mut work => r,
+            () = &mut renewals => {
+                renewing = false;
+                metrics::counter!("idem_guard_lease_lost_total").increment(1);
+                tracing::warn!(%key, token = %claim.token, "lease lost (or about to be) while the handler runs");
+                lost.cancel();
+                work.await
             }
         };
         match result {
@@ -311,7 +337,16 @@ impl<S: Store + Clone> Guard<S> {
                         return Err(GuardError::Outcome(e.into()));
                     }
                 };
-                match self.store_outcome(key, claim.token, outcome.clone()).await {
+                let storing = self.store_outcome(key, claim.token, outcome.clone(), &lease_end);
+                tokio::pin!(storing);
+                let stored = tokio::select! {
+                    biased;
+                    r = &mut storing => r,
+                    // Renewals stopped: the retries end at the last known
+                    // lease end, and a retry's answer settles the rest.
+                    () = &mut renewals, if renewing => storing.await,
+                };
+                match stored {
                     Ok(Fenced::Ok(())) => {
                         held.disarm();
                         Ok(value)
@@ -325,7 +360,8 @@ impl<S: Store + Clone> Guard<S> {
                         held.release().await;
                         Err(e)
                     }
-                    // The store failed: the claim expires by itself.
+                    // The store failed until the lease's end: the claim
+                    // expires by itself.
                     Err(e) => {
                         held.disarm();
                         Err(e)
@@ -345,80 +381,100 @@ impl<S: Store + Clone> Guard<S> {
         }
     }
 
+    /// Stores the outcome. A transient failure is retried after a pause
+    /// that doubles from 10 ms up to 1 s (each cut by up to half at random,
+    /// so that holders failing together do not retry in step), as long as
+    /// the retry comes before the last known lease end (renewals push it
+    /// out) and within one lease of the first try (a store that renews but
+    /// never stores does not hold the message forever). Retrying is safe: a
+    /// `complete` by the same token answers `Ok` again once one has landed.
     async fn store_outcome<E>(
         &self,
         key: &Key,
         token: FencingToken,
         outcome: Bytes,
+        lease_end: &Mutex<Instant>,
     ) -> Result<Fenced, GuardError<E>> {
         self.store
             .limits()
             .check_outcome(Some(&outcome))
             .map_err(GuardError::Invalid)?;
-        let mut backoff = Duration::from_millis(10);
-        let mut tries = 0;
+        let give_up_by = Instant::now() + self.lease.duration();
+        let mut pause = FIRST_COMPLETE_PAUSE;
         loop {
-            tries += 1;
             match self
                 .store
                 .complete(key, token, Some(outcome.clone()), self.retention)
                 .await
             {
-                Err(e) if e.is_transient() && tries < 3 => {
-                    tracing::warn!(%key, error = %e, "storing the outcome failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff *= 4;
+                Err(e) if e.is_transient() => {
+                    let wait = jittered(pause);
+                    let deadline = (*lease_end.lock()).min(give_up_by);
+                    if Instant::now() + wait >= deadline {
+                        tracing::warn!(%key, error = %e, "storing the outcome failed until the lease's end; giving up");
+                        return Err(GuardError::from_store(e));
+                    }
+                    tracing::warn!(%key, error = %e, ?wait, "storing the outcome failed; retrying");
+                    tokio::time::sleep(wait).await;
+                    pause = (pause * 2).min(MAX_COMPLETE_PAUSE);
                 }
                 r => return r.map_err(GuardError::from_store),
             }
         }
     }
 
-    /// Extends the lease every third of its length. Cancels `lost` when a
-    /// renewal is refused, or when less than a third of the lease is left
-    /// and no renewal has succeeded: the handler hears of it before anyone
-    /// can take the key over.
+    /// Extends the lease every third of its length, keeping `lease_end`
+    /// up to date, and returns when a renewal is refused, or when less than
+    /// a third of the lease is left and no renewal has succeeded: the
+    /// handler hears of it before anyone can take the key over.
     ///
     /// The lease is reckoned from when each renewal was *sent*: the store
     /// cannot have started it earlier, so the local reckoning ends no later
     /// than the store's, whatever the round trip took. (The expiry `extend`
     /// returns is on the store's clock, which the guard does not read.)
-    async fn watchdog(
-        &self,
-        key: &Key,
-        token: FencingToken,
-        mut lease_end: Instant,
-        lost: &CancellationToken,
-    ) {
+    async fn renew(&self, key: &Key, token: FencingToken, lease_end: &Mutex<Instant>) {
         let lease = self.lease.duration();
         let period = (lease / 3).max(Duration::from_millis(1));
         let mut next = Instant::now() + period;
         loop {
-            let warn_at = lease_end.checked_sub(lease / 3).unwrap_or(lease_end);
+            let end = *lease_end.lock();
+            let warn_at = end.checked_sub(lease / 3).unwrap_or(end);
             tokio::time::sleep_until(next.min(warn_at)).await;
             if Instant::now() >= warn_at {
-                break;
+                return;
             }
             let sent = Instant::now();
             let renewal = self.store.extend(key, token, self.lease);
             match tokio::time::timeout_at(warn_at, renewal).await {
                 Ok(Ok(Fenced::Ok(_))) => {
-                    lease_end = sent + lease;
+                    *lease_end.lock() = sent + lease;
                     next = sent + period;
                 }
-                Ok(Ok(Fenced::Stale)) => break,
+                Ok(Ok(Fenced::Stale)) => return,
                 Ok(Err(e)) => {
                     tracing::warn!(%key, error = %e, "lease renewal failed; retrying");
                     next = Instant::now() + period / 4;
                 }
                 // No answer before the warning point.
-                Err(_) => break,
+                Err(_) => return,
             }
         }
-        metrics::counter!("idem_guard_lease_lost_total").increment(1);
-        tracing::warn!(%key, %token, "lease lost (or about to be) while the handler runs");
-        lost.cancel();
     }
+}
+
+/// The first pause before a failed `complete` is retried; each next one
+/// doubles, up to [`MAX_COMPLETE_PAUSE`].
+const FIRST_COMPLETE_PAUSE: Duration = Duration::from_millis(10);
+
+/// The longest pause between retries of a failed `complete`: a store back
+/// from an outage gets the outcome within a second.
+const MAX_COMPLETE_PAUSE: Duration = Duration::from_secs(1);
+
+/// `pause` cut by up to half, at random.
+fn jittered(pause: Duration) -> Duration {
+    let half = pause / 2;
+    let random = RandomState::new().hash_one(Instant::now());
+    half + Duration::from_nanos(random % (half.as_nanos() as u64 + 1))
 }
 
 /// How the guard turns a handler's value into stored bytes and back.
