@@ -44,25 +44,42 @@ where
 #[derive(Debug)]
 pub struct HandlerError {
     error: BoxError,
-    permanent: bool,
+    kind: Kind,
     retry_after: Option<Duration>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Transient,
+    Permanent,
+    Pause,
 }
 
 impl HandlerError {
     /// A failure another try may fix: the message is retried with backoff.
     pub fn transient(error: impl Into<BoxError>) -> Self {
-        Self {
-            error: error.into(),
-            permanent: false,
-            retry_after: None,
-        }
+        Self::of(Kind::Transient, error)
     }
 
     /// A failure no retry can fix: the message is dead-lettered at once.
     pub fn permanent(error: impl Into<BoxError>) -> Self {
+        Self::of(Kind::Permanent, error)
+    }
+
+    /// The handler cannot take any message now, whatever the message (it is
+    /// misconfigured: a wrong address, a refused credential). The message
+    /// is not counted as an attempt and never dead-lettered for it: the
+    /// runner pauses consumption with backoff, holds the message (or hands
+    /// it back) and tries again, and reports not ready until a call
+    /// succeeds.
+    pub fn pause(error: impl Into<BoxError>) -> Self {
+        Self::of(Kind::Pause, error)
+    }
+
+    fn of(kind: Kind, error: impl Into<BoxError>) -> Self {
         Self {
             error: error.into(),
-            permanent: true,
+            kind,
             retry_after: None,
         }
     }
@@ -75,7 +92,13 @@ impl HandlerError {
 
     /// Whether retrying cannot help.
     pub fn is_permanent(&self) -> bool {
-        self.permanent
+        self.kind == Kind::Permanent
+    }
+
+    /// Whether the handler asked to pause consumption
+    /// ([`HandlerError::pause`]).
+    pub fn is_pause(&self) -> bool {
+        self.kind == Kind::Pause
     }
 
     /// The delay the handler asked for, if any.

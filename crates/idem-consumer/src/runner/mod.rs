@@ -4,10 +4,14 @@ mod process;
 mod tally;
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use idem_core::{BeginItem, Fingerprint, Guard, InvalidInput, Key, MemoryStore, Namespace, Store};
 use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -15,7 +19,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::{Backoff, DeadLetter, Delivery, Handler, KeyFrom, Source};
+use crate::copy::header_text;
+use crate::{Backoff, Capabilities, DeadLetter, Delivery, Handler, KeyFrom, Source};
 
 /// Takes messages from a [`Source`], runs a [`Handler`] once per key under a
 /// [`Guard`], and settles each message with the broker (see the crate docs
@@ -25,7 +30,10 @@ use crate::{Backoff, DeadLetter, Delivery, Handler, KeyFrom, Source};
 ///   `begin_many`; completions go one by one as handlers finish (the Redis
 ///   and file stores group concurrent ones themselves).
 /// - **Bounded concurrency**: at most [`concurrency`](Runner::concurrency)
-///   messages are held at once, fetched or waiting or running.
+///   messages are fetched or running at once. Messages waiting behind
+///   another of their group take no part of that room: they have a budget
+///   of their own (four times the concurrency), and each takes a place
+///   among the concurrency again when its turn comes.
 /// - **Duplicates in flight**: a message whose key is already being handled
 ///   by this runner waits for that one instead of being retried, then is
 ///   acked as a duplicate (or handled, if the first one failed).
@@ -40,6 +48,26 @@ use crate::{Backoff, DeadLetter, Delivery, Handler, KeyFrom, Source};
 ///   the claims of those that did not finish are released and their
 ///   messages handed back, so a redelivery runs at once. Messages still
 ///   waiting behind another are handed back too.
+///
+/// - **Kept alive**: every delivery the runner holds (running, waiting to
+///   retry in place, waiting behind its group) is kept alive at a broker
+///   that redelivers after a timer ([`Source::keep_alive`]); a retry in
+///   place that would outlast what the broker allows
+///   ([`Capabilities::max_hold`]) goes to the broker instead. While a
+///   message of an [`ordered`](Runner::ordered) lane waits in place, its
+///   lane is paused at the source ([`Source::pause_lane`]), so other lanes
+///   keep the runner's whole room.
+/// - **Busy keys**: where a broker counts every retry against a delivery
+///   limit of its own ([`Capabilities::busy_retry_uses_attempt`]), a
+///   message whose key another consumer holds waits in place, kept alive,
+///   rather than using up that limit.
+/// - **Misconfigured handler** ([`HandlerError::pause`](crate::HandlerError::pause)):
+///   consumption pauses with backoff, the message waits without counting an
+///   attempt, and [`Readiness`] reports not ready until a call succeeds.
+/// - **Panics**: a handler that panics counts as a transient failure (its
+///   claim released, the message retried, dead-lettered after the last
+///   attempt); a panic anywhere in a message's task is logged and never
+///   keeps its room, its key or its group from the messages behind it.
 ///
 /// [`Runner::unguarded`] claims nothing: for handlers whose own database
 /// transaction records the key (an inbox table beside the business data).
@@ -59,6 +87,7 @@ pub struct Runner<S, Src, H> {
     fingerprint: bool,
     grace: Duration,
     linger: Duration,
+    readiness: Readiness,
 }
 
 impl<S, Src, H> Runner<S, Src, H>
@@ -86,7 +115,16 @@ where
             fingerprint: false,
             grace: Duration::from_secs(30),
             linger: Duration::from_millis(1),
+            readiness: Readiness::default(),
         }
+    }
+
+    /// Whether the runner is taking messages: not ready while consumption
+    /// is paused because the handler said it cannot take any
+    /// ([`HandlerError::pause`](crate::HandlerError::pause)), until a call
+    /// succeeds. For a readiness probe.
+    pub fn readiness(&self) -> Readiness {
+        self.readiness.clone()
     }
 
     /// The namespace keys live in (default: the source's name).
@@ -192,6 +230,8 @@ where
             .min(self.concurrency)
             .min(self.guard.store().limits().max_batch.max(1));
         let tally = tally::Tally::new(namespace.as_str());
+        let permits = Arc::new(Semaphore::new(self.concurrency));
+        let capabilities = self.source.capabilities();
         let shared = Arc::new(Shared {
             guard: self.guard,
             claims: self.claims,
@@ -208,8 +248,12 @@ where
             shutdown: shutdown.clone(),
             hard_stop: CancellationToken::new(),
             tally,
+            permits: permits.clone(),
+            parked_room: Arc::new(Semaphore::new(self.concurrency.saturating_mul(4))),
+            capabilities,
+            pause: Mutex::new(Pause::default()),
+            readiness: self.readiness,
         });
-        let permits = Arc::new(Semaphore::new(self.concurrency));
         let tracker = TaskTracker::new();
         let fetch_backoff = Backoff {
             initial: Duration::from_millis(100),
@@ -218,6 +262,15 @@ where
         };
         let mut fetch_failures = 0;
         loop {
+            // The handler said it cannot take messages: fetch none until
+            // the pause ends.
+            let paused_until = shared.pause.lock().until;
+            if let Some(until) = paused_until.filter(|u| *u > Instant::now()) {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep_until(until) => {}
+                }
+            }
             let first = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
@@ -330,6 +383,39 @@ where
     }
 }
 
+/// Deliveries taken out of a group's queue for a keep-alive round; put back
+/// in front when the round ends or is dropped.
+struct PutBack<'a, R> {
+    groups: &'a Mutex<HashMap<Bytes, VecDeque<Parked<R>>>>,
+    group: &'a Bytes,
+    parked: VecDeque<Parked<R>>,
+}
+
+impl<R> Drop for PutBack<'_, R> {
+    fn drop(&mut self) {
+        if self.parked.is_empty() {
+            return;
+        }
+        let mut groups = self.groups.lock();
+        let waiting = groups
+            .get_mut(self.group)
+            .expect("a group with parked messages stays listed while its task runs");
+        let newer = std::mem::replace(waiting, std::mem::take(&mut self.parked));
+        waiting.extend(newer);
+    }
+}
+
+/// The text of a caught panic.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
+}
+
 /// Adds free permits to `held`, up to `batch`.
 fn take_free(permits: &Arc<Semaphore>, held: &mut Vec<OwnedSemaphorePermit>, batch: usize) {
     while held.len() < batch {
@@ -363,6 +449,9 @@ pub struct Report {
     pub source_errors: u64,
     /// Fetches that failed.
     pub fetch_errors: u64,
+    /// Panics caught in message tasks (a handler's count as a failed
+    /// attempt too).
+    pub panics: u64,
 }
 
 /// Why the runner could not start.
@@ -376,11 +465,43 @@ pub enum RunError {
 }
 
 /// A message waiting for another of its group (same key, or same lane when
-/// ordered) to finish.
+/// ordered) to finish. It holds a place in the parked budget, not in the
+/// runner's concurrency.
 struct Parked<R> {
     delivery: Delivery<R>,
     key: Key,
-    permit: OwnedSemaphorePermit,
+    room: OwnedSemaphorePermit,
+}
+
+/// Whether the runner is taking messages (see [`Runner::readiness`]).
+#[derive(Clone, Debug)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Self(Arc::new(AtomicBool::new(true)))
+    }
+}
+
+impl Readiness {
+    /// False while consumption is paused for a handler that cannot take
+    /// messages; true again once a call succeeds.
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::Relaxed);
+    }
+}
+
+/// Consumption paused because the handler cannot take messages.
+#[derive(Default)]
+struct Pause {
+    /// Pauses in a row without a successful call since.
+    times: u32,
+    /// When fetching may start again.
+    until: Option<Instant>,
 }
 
 struct Shared<S, Src: Source, H> {
@@ -403,6 +524,14 @@ struct Shared<S, Src: Source, H> {
     shutdown: CancellationToken,
     hard_stop: CancellationToken,
     tally: tally::Tally,
+    /// The runner's concurrency: a place is held while a message is
+    /// fetched, claimed, handled and settled.
+    permits: Arc<Semaphore>,
+    /// Places for messages waiting behind their group.
+    parked_room: Arc<Semaphore>,
+    capabilities: Capabilities,
+    pause: Mutex<Pause>,
+    readiness: Readiness,
 }
 
 impl<S, Src, H> Shared<S, Src, H>
@@ -442,17 +571,47 @@ where
                 (Some(lane), true) => lane.clone(),
                 _ => key.bytes().clone(),
             };
-            let mut groups = self.groups.lock();
-            match groups.get_mut(&group) {
-                Some(waiting) => waiting.push_back(Parked {
-                    delivery,
-                    key,
-                    permit,
-                }),
-                None => {
-                    groups.insert(group.clone(), VecDeque::new());
-                    starts.push((group, delivery, key, permit));
+            let mut item = Some((delivery, key));
+            let mut room = None;
+            loop {
+                if room.is_none() {
+                    room = self.parked_room.clone().try_acquire_owned().ok();
                 }
+                {
+                    let mut groups = self.groups.lock();
+                    match groups.get_mut(&group) {
+                        None => {
+                            groups.insert(group.clone(), VecDeque::new());
+                            let (delivery, key) = item.take().expect("placed once");
+                            starts.push((group, delivery, key, permit));
+                            break;
+                        }
+                        // Behind a running message of its group: it waits
+                        // in the parked budget and gives its place in the
+                        // concurrency back.
+                        Some(waiting) if room.is_some() => {
+                            let (delivery, key) = item.take().expect("placed once");
+                            let room = room.take().expect("checked");
+                            waiting.push_back(Parked {
+                                delivery,
+                                key,
+                                room,
+                            });
+                            drop(permit);
+                            break;
+                        }
+                        Some(_) => {}
+                    }
+                }
+                // The parked budget is full: wait for a place, then look
+                // again (the group may have finished meanwhile).
+                room = Some(
+                    self.parked_room
+                        .clone()
+                        .acquire_owned()
+                        .await
+                        .expect("the semaphore is never closed"),
+                );
             }
         }
         if starts.is_empty() {
@@ -462,7 +621,8 @@ where
             for (group, delivery, key, permit) in starts {
                 let this = self.clone();
                 tracker.spawn(Box::pin(async move {
-                    this.settle_unclaimed(delivery, &key).await;
+                    this.step(&group, this.settle_unclaimed(delivery, &key))
+                        .await;
                     drop(permit);
                     this.drain(group).await;
                 }));
@@ -507,7 +667,8 @@ where
             // Boxed: the task then moves a pointer, not the whole state
             // of a guarded handler.
             tracker.spawn(Box::pin(async move {
-                this.settle(delivery, &key, begun, sent).await;
+                this.step(&group, this.settle(delivery, &key, begun, sent))
+                    .await;
                 drop(permit);
                 this.drain(group).await;
             }));
@@ -532,28 +693,95 @@ where
             let Parked {
                 delivery,
                 key,
-                permit,
+                room,
             } = next;
             if self.shutdown.is_cancelled() {
-                self.requeue(delivery).await;
-            } else if !self.claims {
-                self.settle_unclaimed(delivery, &key).await;
+                self.step(&group, self.requeue(delivery)).await;
+                continue;
+            }
+            // Its turn: a place in the concurrency again.
+            let permit = tokio::select! {
+                biased;
+                p = self.permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+                () = self.keep_parked_alive_with(&group, &delivery) => unreachable!("keep-alive never ends"),
+            };
+            drop(room);
+            if !self.claims {
+                self.step(&group, self.settle_unclaimed(delivery, &key))
+                    .await;
             } else {
-                let sent = Instant::now();
-                let begun = self
-                    .guard
-                    .store()
-                    .begin(
-                        &key,
-                        self.fingerprint_of(&delivery),
-                        self.guard.lease_length(),
-                    )
-                    .await
-                    .map_err(Arc::new);
-                self.settle(delivery, &key, begun, sent).await;
+                let step = async {
+                    let sent = Instant::now();
+                    let begun = self
+                        .guard
+                        .store()
+                        .begin(
+                            &key,
+                            self.fingerprint_of(&delivery),
+                            self.guard.lease_length(),
+                        )
+                        .await
+                        .map_err(Arc::new);
+                    self.settle(delivery, &key, begun, sent).await;
+                };
+                self.step(&group, step).await;
             }
             drop(permit);
         }
+    }
+
+    /// Runs one message's step while the messages parked behind `group`
+    /// are kept alive at the broker. A panic in the step is caught and
+    /// logged: the message is left to the broker's redelivery, and the
+    /// group goes on.
+    async fn step(&self, group: &Bytes, step: impl Future<Output = ()>) {
+        let step = AssertUnwindSafe(step).catch_unwind();
+        let done = tokio::select! {
+            r = step => r,
+            () = self.keep_parked_alive(group) => unreachable!("keep-alive never ends"),
+        };
+        if let Err(panic) = done {
+            self.tally.panicked();
+            tracing::error!(
+                panic = %header_text(&panic_text(panic.as_ref())),
+                "a message's task panicked; the broker will redeliver the message"
+            );
+        }
+    }
+
+    /// Keeps the deliveries parked behind `group` alive at the broker,
+    /// every [`Source::keep_alive_every`]; never ends. Dropping it between
+    /// rounds or in one loses nothing: the deliveries taken out for a
+    /// round go back in front of the queue.
+    async fn keep_parked_alive(&self, group: &Bytes) {
+        let Some(every) = self.source.keep_alive_every() else {
+            return std::future::pending().await;
+        };
+        loop {
+            tokio::time::sleep(every).await;
+            let taken = self
+                .groups
+                .lock()
+                .get_mut(group)
+                .map(std::mem::take)
+                .unwrap_or_default();
+            let taken = PutBack {
+                groups: &self.groups,
+                group,
+                parked: taken,
+            };
+            for parked in &taken.parked {
+                if let Err(e) = self.source.keep_alive(&parked.delivery.receipt).await {
+                    tracing::warn!(error = %e, "telling the broker a waiting message is still held failed");
+                }
+            }
+        }
+    }
+
+    /// [`keep_parked_alive`](Self::keep_parked_alive), and `delivery`
+    /// (taken from the group, waiting for a place) kept alive too.
+    async fn keep_parked_alive_with(&self, group: &Bytes, delivery: &Delivery<Src::Receipt>) {
+        tokio::join!(self.keep_parked_alive(group), self.keep_alive(delivery));
     }
 
     fn key_of(&self, delivery: &Delivery<Src::Receipt>) -> Result<Key, String> {

@@ -1,13 +1,18 @@
 //! One message: from its `begin` answer to its broker action.
 
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
+
+use futures_util::FutureExt;
 
 use idem_core::{Begin, Claim, ClaimHandle, GuardError, Key, Raw, Store, StoreError};
 use tokio::time::Instant;
 
 use super::Shared;
 use super::tally::Settled;
+use crate::copy::header_text;
 use crate::{DeadLetter, Delivery, Handler, HandlerError, RetryReason, Source};
 
 /// Busy retries wait at least this long, so an almost expired lease does not
@@ -25,6 +30,9 @@ enum Action {
     },
     DeadLetter(String),
     Requeue,
+    /// The handler cannot take messages now: pause, hold the message and
+    /// run it again, no attempt counted.
+    Pause(String),
 }
 
 impl<S, Src, H> Shared<S, Src, H>
@@ -42,10 +50,15 @@ where
         mut begun: Result<Begin, Arc<StoreError>>,
         mut sent: Instant,
     ) {
+        let mut held = Held {
+            since: sent,
+            paused_lane: None,
+        };
         loop {
             let action = self.decide(&delivery, key, begun, sent).await;
-            let Some(delivery_again) = self.wait_in_place(delivery, key, action).await else {
-                return;
+            let Some(delivery_again) = self.wait_in_place(delivery, key, action, &mut held).await
+            else {
+                break;
             };
             delivery = delivery_again;
             sent = Instant::now();
@@ -60,30 +73,54 @@ where
                 .await
                 .map_err(Arc::new);
         }
+        held.resume(&self.source);
     }
 
-    /// With [`retry_in_place`](crate::Runner::retry_in_place), a retry
-    /// waits here and gives the delivery back (its attempt counted) to run
-    /// again; every other action, and a retry cut short by shutdown, is
-    /// performed at the broker.
+    /// Whether `action` waits here (a retry in place, a busy key on a
+    /// broker that counts retries, a paused handler) and gives the
+    /// delivery back to run again (its attempt counted for a failure); every
+    /// other action, a wait that would outlast what the broker allows, and a
+    /// wait cut short by shutdown, is performed at the broker.
     async fn wait_in_place(
         &self,
         mut delivery: Delivery<Src::Receipt>,
         key: &Key,
         action: Action,
+        held: &mut Held,
     ) -> Option<Delivery<Src::Receipt>> {
-        let Action::Retry { reason, delay } = action else {
-            self.perform(delivery, key, action).await;
-            return None;
+        let (reason, delay) = match action {
+            Action::Retry { reason, delay }
+                if self.retry_in_place
+                    || (reason == RetryReason::Busy
+                        && self.capabilities.busy_retry_uses_attempt) =>
+            {
+                (reason, delay)
+            }
+            Action::Pause(why) => (RetryReason::Unavailable, self.pause(key, &why)),
+            action => {
+                self.perform(delivery, key, action).await;
+                return None;
+            }
         };
-        if !self.retry_in_place {
-            self.perform(delivery, key, action).await;
+        if let Some(max) = self.capabilities.max_hold
+            && held.since.elapsed() + delay > max
+        {
+            self.perform(delivery, key, Action::Retry { reason, delay })
+                .await;
             return None;
         }
         tracing::debug!(%key, reason = reason.as_str(), ?delay, "retrying in place");
         self.count(Settled::retried(reason), Ok(()));
+        if self.ordered
+            && held.paused_lane.is_none()
+            && let Some(lane) = &delivery.message.lane
+        {
+            self.source.pause_lane(lane);
+            held.paused_lane = Some(lane.clone());
+        }
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
+            () = self.keep_alive(&delivery) => unreachable!("keep-alive never ends"),
             () = self.shutdown.cancelled() => {
                 self.requeue(delivery).await;
                 return None;
@@ -93,6 +130,59 @@ where
             delivery.message.attempt = delivery.message.attempt.max(1).saturating_add(1);
         }
         Some(delivery)
+    }
+
+    /// Pauses consumption after the handler said it cannot take messages;
+    /// answers how long this message waits.
+    fn pause(&self, key: &Key, why: &str) -> Duration {
+        let now = Instant::now();
+        let mut pause = self.pause.lock();
+        let until = match pause.until {
+            // Already paused: wait with the others.
+            Some(until) if until > now => until,
+            _ => {
+                pause.times = pause.times.saturating_add(1);
+                let until = now + self.backoff.delay(pause.times);
+                pause.until = Some(until);
+                tracing::error!(
+                    %key,
+                    error = %header_text(why),
+                    pause = ?until - now,
+                    "the handler cannot take messages; consumption paused"
+                );
+                until
+            }
+        };
+        self.readiness.set(false);
+        until - now
+    }
+
+    /// The handler's future, a panic turned into a transient failure (so
+    /// the guard releases the claim and the message is retried, then
+    /// dead-lettered after its last attempt).
+    async fn caught(
+        &self,
+        work: impl Future<Output = Result<bytes::Bytes, HandlerError>>,
+    ) -> Result<bytes::Bytes, HandlerError> {
+        match AssertUnwindSafe(work).catch_unwind().await {
+            Ok(r) => r,
+            Err(panic) => {
+                self.tally.panicked();
+                let text = super::panic_text(panic.as_ref());
+                Err(HandlerError::transient(format!(
+                    "the handler panicked: {text}"
+                )))
+            }
+        }
+    }
+
+    /// A call succeeded: consumption is no longer paused.
+    fn unpause(&self) {
+        if !self.readiness.is_ready() {
+            *self.pause.lock() = super::Pause::default();
+            self.readiness.set(true);
+            tracing::info!("the handler takes messages again; consumption resumed");
+        }
     }
 
     /// The broker action for a message whose key was begun with answer
@@ -135,13 +225,18 @@ where
     /// runs the handler with no claim, and performs the broker action its
     /// result calls for.
     pub(super) async fn settle_unclaimed(&self, mut delivery: Delivery<Src::Receipt>, key: &Key) {
+        let mut held = Held {
+            since: Instant::now(),
+            paused_lane: None,
+        };
         loop {
             let action = self.decide_unclaimed(&delivery, key).await;
-            match self.wait_in_place(delivery, key, action).await {
+            match self.wait_in_place(delivery, key, action, &mut held).await {
                 Some(again) => delivery = again,
-                None => return,
+                None => break,
             }
         }
+        held.resume(&self.source);
     }
 
     /// The broker action for a message without claims, after running its
@@ -152,9 +247,10 @@ where
             self.exhausted(attempt)
         } else {
             let started = Instant::now();
-            let work = self
-                .handler
-                .handle(with_key(&delivery.message, key), ClaimHandle::unclaimed());
+            let work = self.caught(
+                self.handler
+                    .handle(with_key(&delivery.message, key), ClaimHandle::unclaimed()),
+            );
             let outcome = tokio::select! {
                 r = work => Some(r),
                 () = self.keep_alive(delivery) => unreachable!("keep-alive never ends"),
@@ -193,8 +289,10 @@ where
         let token = claim.token;
         let started = Instant::now();
         let work = self.guard.run_acquired(&Raw, key, claim, sent, |handle| {
-            self.handler
-                .handle(with_key(&delivery.message, key), handle)
+            self.caught(
+                self.handler
+                    .handle(with_key(&delivery.message, key), handle),
+            )
         });
         let outcome = tokio::select! {
             r = work => Some(r),
@@ -226,8 +324,10 @@ where
                 key,
                 None,
                 |handle| {
-                    self.handler
-                        .handle(with_key(&delivery.message, key), handle)
+                    self.caught(
+                        self.handler
+                            .handle(with_key(&delivery.message, key), handle),
+                    )
                 },
                 |_| async {},
             )
@@ -241,7 +341,11 @@ where
         attempt: u32,
     ) -> Action {
         match r {
-            Ok(_) => Action::Ack { duplicate: false },
+            Ok(_) => {
+                self.unpause();
+                Action::Ack { duplicate: false }
+            }
+            Err(GuardError::Handler(e)) if e.is_pause() => Action::Pause(e.to_string()),
             Err(GuardError::Handler(e)) if e.is_permanent() => Action::DeadLetter(e.to_string()),
             Err(GuardError::Handler(e)) if attempt >= self.max_attempts => {
                 Action::DeadLetter(format!("{e} (attempt {attempt} of {})", self.max_attempts))
@@ -272,7 +376,7 @@ where
         }
     }
 
-    async fn keep_alive(&self, delivery: &Delivery<Src::Receipt>) {
+    pub(super) async fn keep_alive(&self, delivery: &Delivery<Src::Receipt>) {
         let Some(every) = self.source.keep_alive_every() else {
             return std::future::pending().await;
         };
@@ -316,12 +420,27 @@ where
                 return self.dead_letter(delivery, why).await;
             }
             Action::Requeue => return self.requeue(delivery).await,
+            Action::Pause(why) => {
+                // Held past what the broker allows: back to the broker,
+                // no attempt counted.
+                let delay = self.pause(key, &why);
+                let reason = RetryReason::Unavailable;
+                (
+                    Settled::retried(reason),
+                    self.source.retry(delivery, delay, reason).await,
+                )
+            }
         };
         self.count(settled, result);
     }
 
     pub(super) async fn dead_letter(&self, delivery: Delivery<Src::Receipt>, why: DeadLetter) {
-        tracing::warn!(key = ?why.key, attempts = why.attempts, error = %why.last_error, "dead-lettering a message");
+        tracing::warn!(
+            key = %header_text(why.key.as_deref().unwrap_or_default()),
+            attempts = why.attempts,
+            error = %header_text(&why.last_error),
+            "dead-lettering a message"
+        );
         let r = self.source.dead_letter(delivery, why).await;
         self.count(Settled::DeadLettered, r);
     }
@@ -335,6 +454,21 @@ where
         self.tally.settled(settled, result.is_err());
         if let Err(e) = result {
             tracing::warn!(error = %e, ?settled, "settling a message failed; the broker will redeliver it");
+        }
+    }
+}
+
+/// How long a message has been held, and the lane it paused.
+struct Held {
+    since: Instant,
+    paused_lane: Option<bytes::Bytes>,
+}
+
+impl Held {
+    /// Lets the source hand out the paused lane's messages again.
+    fn resume<Src: Source>(self, source: &Src) {
+        if let Some(lane) = self.paused_lane {
+            source.resume_lane(&lane);
         }
     }
 }

@@ -61,6 +61,8 @@ pub(super) struct Tally {
     source_errors_metric: [Counter; 7],
     fetch_errors: AtomicU64,
     fetch_errors_metric: Counter,
+    panics: AtomicU64,
+    panics_metric: Counter,
     pub(super) fail_open: Counter,
     pub(super) handler_seconds: Histogram,
 }
@@ -92,6 +94,8 @@ impl Tally {
                 "namespace" => ns.clone(),
                 "op" => "fetch"
             ),
+            panics: AtomicU64::new(0),
+            panics_metric: metrics::counter!("idem_consumer_panics_total", "namespace" => ns.clone()),
             fail_open: metrics::counter!("idem_consumer_fail_open_total", "namespace" => ns.clone()),
             handler_seconds: metrics::histogram!("idem_consumer_handler_seconds", "namespace" => ns),
         }
@@ -114,6 +118,13 @@ impl Tally {
         self.fetch_errors_metric.increment(1);
     }
 
+    /// Counts a panic in a message's task (the handler's, or a broker
+    /// call's).
+    pub(super) fn panicked(&self) {
+        self.panics.fetch_add(1, Ordering::Relaxed);
+        self.panics_metric.increment(1);
+    }
+
     pub(super) fn report(&self) -> Report {
         let get = |s: Settled| self.settled[s as usize].load(Ordering::Relaxed);
         Report {
@@ -126,6 +137,7 @@ impl Tally {
             requeued: get(Settled::Requeued),
             source_errors: self.source_errors.load(Ordering::Relaxed),
             fetch_errors: self.fetch_errors.load(Ordering::Relaxed),
+            panics: self.panics.load(Ordering::Relaxed),
         }
     }
 }
