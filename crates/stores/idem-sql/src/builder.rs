@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use idem_core::coalesce::StoreBatches;
 use idem_core::{DEFAULT_ABANDONED_RETENTION, Limits};
-use sqlx::Executor;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -89,13 +88,23 @@ pub struct SqlStoreBuilder {
     sweep_batch: u32,
     migrate: bool,
     coalesce: bool,
+    lock_timeout: Duration,
     /// A URL setting idem could not read, reported by `connect`.
     bad_param: Option<String>,
 }
 
 /// The settings idem reads from a store URL's query, and strips before the
 /// URL goes to the driver.
-const IDEM_PARAMS: &[&str] = &["shards", "table", "pool_size"];
+const IDEM_PARAMS: &[&str] = &["shards", "table", "pool_size", "lock_timeout"];
+
+/// How long a statement waits for a row lock another transaction holds,
+/// unless set with [`SqlStoreBuilder::lock_timeout`].
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Bytes a MySQL statement needs beside the outcome it carries: the
+/// statement's text, the namespace and key (up to 1 024 bytes), the other
+/// values and the protocol's framing.
+pub(crate) const PACKET_OVERHEAD: usize = 8 * 1024;
 
 impl SqlStoreBuilder {
     pub(crate) fn new(url: &str) -> Self {
@@ -112,13 +121,15 @@ impl SqlStoreBuilder {
             sweep_batch: 1000,
             migrate: true,
             coalesce: true,
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
             bad_param: None,
         };
         builder.read_params();
         builder
     }
 
-    /// Takes `shards`, `table` and `pool_size` out of the URL's query.
+    /// Takes `shards`, `table`, `pool_size` and `lock_timeout` out of the
+    /// URL's query.
     fn read_params(&mut self) {
         let Some((base, query)) = self.url.split_once('?') else {
             return;
@@ -140,6 +151,13 @@ impl SqlStoreBuilder {
                 "pool_size" => match value.parse() {
                     Ok(n) if n > 0 => self.pool_size = n,
                     _ => self.bad_param = bad("a number of connections (1 or more)"),
+                },
+                "lock_timeout" => match parse_duration(value) {
+                    Some(d) => self.lock_timeout = d.max(Duration::from_millis(1)),
+                    None => {
+                        self.bad_param =
+                            bad("a duration such as 5s or 500ms (whole seconds on MySQL)")
+                    }
                 },
                 _ => self.prefix = value.to_owned(),
             }
@@ -217,6 +235,18 @@ impl SqlStoreBuilder {
     /// `false`, opening fails unless `idem migrate` has been run.
     pub fn migrate(mut self, yes: bool) -> Self {
         self.migrate = yes;
+        self
+    }
+
+    /// How long a statement waits for a row lock another transaction holds
+    /// before the call fails as unavailable (default 5 s; `?lock_timeout=5s`
+    /// or `500ms` in the URL): PostgreSQL's `lock_timeout`, MySQL's
+    /// `innodb_lock_wait_timeout` (whole seconds, rounded up), set on each
+    /// of the store's sessions. Without it a call waits as long as the
+    /// holder (MySQL's default is 50 s), and so does a cancelled call's
+    /// connection before the pool may lend it again.
+    pub fn lock_timeout(mut self, d: Duration) -> Self {
+        self.lock_timeout = d.max(Duration::from_millis(1));
         self
     }
 
@@ -333,7 +363,21 @@ impl SqlStoreBuilder {
     }
 
     async fn pg_pool(&self, size: u32) -> Result<sqlx::PgPool, OpenError> {
-        let options = PgConnectOptions::from_str(&self.url).map_err(|e| self.connect_error(e))?;
+        let options = PgConnectOptions::from_str(&self.url)
+            .map_err(|e| self.connect_error(e))?
+            // Every statement a store may run stays prepared.
+            .statement_cache_capacity(statement_cache(self.shards))
+            .options([
+                // A generic plan is chosen once from the statement alone, so
+                // it stays on the primary key whatever the statistics say (a
+                // table filled but not yet analysed planned sequential
+                // scans), and the statement is not planned five times first.
+                ("plan_cache_mode", "force_generic_plan".to_owned()),
+                (
+                    "lock_timeout",
+                    format!("{}ms", self.lock_timeout.as_millis()),
+                ),
+            ]);
         self.try_connect(&options).await?;
         PgPoolOptions::new()
             .max_connections(size)
@@ -352,7 +396,13 @@ impl SqlStoreBuilder {
         let options = MySqlConnectOptions::from_str(&self.url)
             .map_err(|e| self.connect_error(e))?
             // Affected rows count the rows an update matched.
-            .found_rows(true);
+            .found_rows(true)
+            // The clock is read as UNIX_TIMESTAMP(NOW(3)), which goes
+            // through the session's zone: in one with daylight saving it
+            // steps back an hour once a year. UTC never does, whatever
+            // `?timezone=` says.
+            .timezone(Some("+00:00".to_owned()));
+        let lock_wait_secs = self.lock_timeout.as_secs_f64().ceil().max(1.0) as u64;
         self.try_connect(&options).await?;
         MySqlPoolOptions::new()
             .max_connections(size)
@@ -363,12 +413,18 @@ impl SqlStoreBuilder {
             .test_before_acquire(false)
             .acquire_timeout(self.timeout)
             // The upserts need MySQL's left-to-right assignments, which
-            // MariaDB's SIMULTANEOUS_ASSIGNMENT mode would turn off.
-            .after_connect(|conn, _| {
+            // MariaDB's SIMULTANEOUS_ASSIGNMENT mode would turn off; each
+            // statement must commit on its own, whatever the server's
+            // `init_connect` chose; a row lock is waited for a bounded time.
+            .after_connect(move |conn, _| {
                 Box::pin(async move {
-                    conn.execute(
-                        "SET SESSION sql_mode = TRIM(BOTH ',' FROM REPLACE(CONCAT(',', @@SESSION.sql_mode, ','), ',SIMULTANEOUS_ASSIGNMENT,', ','))",
+                    sqlx::query(
+                        "SET SESSION sql_mode = TRIM(BOTH ',' FROM REPLACE(CONCAT(',', @@SESSION.sql_mode, ','), ',SIMULTANEOUS_ASSIGNMENT,', ',')), \
+                         autocommit = 1, innodb_lock_wait_timeout = ?",
                     )
+                    .bind(lock_wait_secs)
+                    .persistent(false)
+                    .execute(&mut *conn)
                     .await?;
                     Ok(())
                 })
@@ -399,8 +455,14 @@ impl SqlStoreBuilder {
                 let pool = self.mysql_pool(self.pool_size).await?;
                 let mut conn = pool.acquire().await.map_err(|e| self.connect_error(e))?;
                 migrate::run_mysql(&mut conn, &tables, self.migrate).await?;
+                let packet: i64 = sqlx::query_scalar("SELECT CAST(@@max_allowed_packet AS SIGNED)")
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(OpenError::database)?;
+                let packet = usize::try_from(packet).unwrap_or(0);
+                check_packet(self.limits.max_outcome_bytes, packet)?;
                 drop(conn);
-                Db::MySql(MySql::new(pool, &tables))
+                Db::MySql(MySql::new(pool, &tables, packet))
             }
         };
         let description = format!(
@@ -439,6 +501,41 @@ impl SqlStoreBuilder {
             _sweeper: sweeper.map(Arc::new),
         })
     }
+}
+
+/// Refuses an outcome limit that a statement within the MySQL server's
+/// `max_allowed_packet` cannot carry: every `complete` of an outcome near
+/// the limit would fail, every time.
+fn check_packet(max_outcome_bytes: usize, packet: usize) -> Result<(), OpenError> {
+    let fits = packet.saturating_sub(PACKET_OVERHEAD);
+    if max_outcome_bytes > fits {
+        return Err(OpenError::Config(format!(
+            "max_outcome_bytes is {max_outcome_bytes}, but the server's max_allowed_packet is {packet} bytes, \
+             which carries outcomes of at most {fits} bytes: raise max_allowed_packet on the server \
+             to at least {} (SET GLOBAL max_allowed_packet, and in its configuration file) or lower max_outcome_bytes to {fits}",
+            max_outcome_bytes.saturating_add(PACKET_OVERHEAD)
+        )));
+    }
+    Ok(())
+}
+
+/// The statements a store of `shards` tables prepares: seven per table,
+/// and room for the few others.
+fn statement_cache(shards: u16) -> usize {
+    (8 * usize::from(shards) + 16).max(100)
+}
+
+/// `5s`, `500ms` or a bare number of seconds.
+fn parse_duration(value: &str) -> Option<Duration> {
+    if let Some(ms) = value.strip_suffix("ms") {
+        return ms.parse().ok().map(Duration::from_millis);
+    }
+    value
+        .strip_suffix('s')
+        .unwrap_or(value)
+        .parse()
+        .ok()
+        .map(Duration::from_secs)
 }
 
 /// `url` with its password replaced by `***`.

@@ -3,14 +3,42 @@
 use idem_core::StoreError;
 
 /// A database error met during an operation: the store is unavailable for
-/// now (the server is down, a connection broke, the pool is exhausted).
+/// now (the server is down, a connection broke, the pool is exhausted, a
+/// row stayed locked past the lock timeout).
 pub(crate) fn store(e: sqlx::Error) -> StoreError {
+    if lock_timed_out(&e) {
+        return StoreError::unavailable(LockTimeout(e));
+    }
     StoreError::Unavailable(Box::new(e))
+}
+
+/// A statement waited longer than the session's lock timeout for a row
+/// another transaction holds.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "a row lock held by another transaction was not released within the store's lock timeout ({0}); \
+     try again, and if such waits are expected raise lock_timeout (builder or `?lock_timeout=` in the store URL)"
+)]
+pub(crate) struct LockTimeout(#[source] pub(crate) sqlx::Error);
+
+/// MySQL's ER_LOCK_WAIT_TIMEOUT or PostgreSQL's lock_not_available.
+pub(crate) fn lock_timed_out(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = e else {
+        return false;
+    };
+    match db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        Some(my) => my.number() == 1205,
+        None => db.code().as_deref() == Some("55P03"),
+    }
 }
 
 /// Whether the statement that failed with `e` was rolled back whole by the
 /// server for a reason that goes away on a second try: a deadlock with a
 /// concurrent batch or a serialization failure. The store runs it again.
+///
+/// A lock wait that timed out is not retried: the lock's holder is busy
+/// for longer than the timeout, and waiting again would only double the
+/// time the caller waits for the same answer.
 pub(crate) fn retryable(e: &StoreError) -> bool {
     let StoreError::Unavailable(source) = e else {
         return false;
@@ -18,9 +46,9 @@ pub(crate) fn retryable(e: &StoreError) -> bool {
     let Some(sqlx::Error::Database(db)) = source.downcast_ref::<sqlx::Error>() else {
         return false;
     };
-    // MySQL/MariaDB: ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT.
+    // MySQL/MariaDB: ER_LOCK_DEADLOCK.
     if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-        return matches!(my.number(), 1213 | 1205);
+        return my.number() == 1213;
     }
     // PostgreSQL: serialization_failure, deadlock_detected.
     matches!(db.code().as_deref(), Some("40001" | "40P01"))

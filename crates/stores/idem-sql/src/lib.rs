@@ -61,6 +61,8 @@ mod row;
 mod store;
 mod sweep;
 mod table;
+#[cfg(test)]
+mod tests;
 mod transition;
 
 pub use builder::{OpenError, SqlStoreBuilder, redacted};

@@ -10,9 +10,17 @@
 //! statements, so a statement that fails leaves no transaction open on
 //! the connection.
 //!
-//! Values go into these statements as integers and hexadecimal literals
-//! written here from typed values, never as text from the caller; table
-//! names come from a checked prefix.
+//! `complete`, which carries outcomes, and the single-key statements
+//! (`get`, `release`, `scan`, `sweep`) are prepared statements with bound
+//! values: an outcome travels as its bytes, not as text twice its size.
+//! `begin` and `extend` keep their one round trip as text, with keys as
+//! hexadecimal literals written here from typed values, never as text
+//! from the caller; table names come from a checked prefix.
+//!
+//! Keys are matched as `ns = … AND k = …` (ORed for several keys), which
+//! MariaDB resolves through the primary key; it does not for a row
+//! constructor `(ns, k) IN ((…))` in an `UPDATE`, which scans and, under
+//! REPEATABLE READ, locks every row of the table.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -26,7 +34,7 @@ use idem_core::{
     StoreError, Timestamp,
 };
 use sqlx::mysql::{MySqlPool, MySqlRow};
-use sqlx::{AssertSqlSafe, Either, Row};
+use sqlx::{AssertSqlSafe, Either, QueryBuilder, Row};
 
 use crate::row::{ScanFilter, StoredRow, ms, token_column};
 use crate::table::Tables;
@@ -42,11 +50,14 @@ const ROW: &str =
 pub(crate) struct MySql {
     pub pool: MySqlPool,
     /// Quoted table names, by shard.
-    tables: Vec<String>,
-    get: Vec<String>,
-    scan: Vec<String>,
-    release: Vec<String>,
-    sweep: Vec<String>,
+    pub(crate) tables: Vec<String>,
+    pub(crate) get: Vec<String>,
+    pub(crate) scan: Vec<String>,
+    pub(crate) release: Vec<String>,
+    pub(crate) sweep: Vec<String>,
+    /// Most bytes of values one batch statement carries, within the
+    /// server's `max_allowed_packet`.
+    pub statement_bytes: usize,
 }
 
 /// Writes `bytes` as a hexadecimal literal.
@@ -72,24 +83,40 @@ fn claim_stamp() -> i64 {
     ((h >> 1) | 1) as i64
 }
 
-/// `WHERE (ns, k) IN (…)` for `keys`.
-fn key_list<'a>(out: &mut String, keys: impl Iterator<Item = &'a Key>) {
-    out.push_str("(ns, k) IN (");
+/// `(ns = … AND k = …) OR …` for `keys`, as literals.
+fn key_match<'a>(out: &mut String, keys: impl Iterator<Item = &'a Key>) {
+    out.push('(');
     for (i, key) in keys.enumerate() {
         if i > 0 {
-            out.push(',');
+            out.push_str(" OR ");
         }
-        out.push('(');
+        out.push_str("(ns = ");
         hex_literal(out, ns(key));
-        out.push(',');
+        out.push_str(" AND k = ");
         hex_literal(out, key.bytes());
         out.push(')');
     }
     out.push(')');
 }
 
+/// `(ns = ? AND k = ?) OR …` for `keys`, bound.
+fn bind_key_match<'k>(q: &mut QueryBuilder<sqlx::MySql>, keys: impl Iterator<Item = &'k Key>) {
+    q.push("(");
+    for (i, key) in keys.enumerate() {
+        if i > 0 {
+            q.push(" OR ");
+        }
+        q.push("(ns = ");
+        q.push_bind(ns(key));
+        q.push(" AND k = ");
+        q.push_bind(&key.bytes()[..]);
+        q.push(")");
+    }
+    q.push(")");
+}
+
 impl MySql {
-    pub fn new(pool: MySqlPool, tables: &Tables) -> Self {
+    pub fn new(pool: MySqlPool, tables: &Tables, max_allowed_packet: usize) -> Self {
         let tables: Vec<String> = tables.all().map(|t| format!("`{t}`")).collect();
         Self {
             pool,
@@ -127,42 +154,44 @@ impl MySql {
                 })
                 .collect(),
             tables,
+            statement_bytes: crate::store::OUTCOME_BYTES_PER_STATEMENT
+                .min(max_allowed_packet.saturating_sub(crate::builder::PACKET_OVERHEAD))
+                .max(1),
         }
     }
 
-    /// `begin` for items of one shard, no key twice. An answer is `None`
-    /// when the item's row changed between the statements: try it again.
-    pub async fn begin(
+    /// The statements of `begin` for `items`, sent in one round trip:
+    /// read the clock, upsert, read the rows back.
+    pub(crate) fn begin_statements(
         &self,
         shard: u16,
         items: &[&BeginItem],
         abandoned_ms: i64,
-    ) -> Result<Vec<Option<Begin>>, StoreError> {
+        stamp: i64,
+    ) -> [String; 3] {
         let table = &self.tables[usize::from(shard)];
-        let stamp = claim_stamp();
-        let mut sql = String::with_capacity(600 + items.len() * 160);
+        let mut upsert = String::with_capacity(600 + items.len() * 160);
         let _ = write!(
-            sql,
-            "SET @idem_now = {NOW};
-            INSERT INTO {table} (ns, k, state, token, fp, attempts, started_at, lease_until,
+            upsert,
+            "INSERT INTO {table} (ns, k, state, token, fp, attempts, started_at, lease_until,
                                  outcome, completed_at, expires_at, claim) VALUES "
         );
         for (i, item) in items.iter().enumerate() {
             if i > 0 {
-                sql.push(',');
+                upsert.push(',');
             }
             let lease = crate::row::millis(item.lease.duration());
-            sql.push('(');
-            hex_literal(&mut sql, ns(&item.key));
-            sql.push(',');
-            hex_literal(&mut sql, item.key.bytes());
-            sql.push_str(", 1, @idem_now * 1024, ");
+            upsert.push('(');
+            hex_literal(&mut upsert, ns(&item.key));
+            upsert.push(',');
+            hex_literal(&mut upsert, item.key.bytes());
+            upsert.push_str(", 1, @idem_now * 1024, ");
             match item.fingerprint {
-                Some(fp) => hex_literal(&mut sql, &fp.to_bytes()),
-                None => sql.push_str("NULL"),
+                Some(fp) => hex_literal(&mut upsert, &fp.to_bytes()),
+                None => upsert.push_str("NULL"),
             }
             let _ = write!(
-                sql,
+                upsert,
                 ", 1, @idem_now, @idem_now + {lease}, NULL, 0, @idem_now + {}, {stamp})",
                 lease.saturating_add(abandoned_ms)
             );
@@ -171,7 +200,7 @@ impl MySql {
         // row as found, and every later one asks whether it was taken.
         let taken = "claim = VALUES(claim)";
         let _ = write!(
-            sql,
+            upsert,
             " ON DUPLICATE KEY UPDATE
               claim = IF(state = 0 OR expires_at <= @idem_now
                          OR (state = 1 AND lease_until <= @idem_now), VALUES(claim), claim),
@@ -183,10 +212,26 @@ impl MySql {
               completed_at = IF({taken}, 0, completed_at),
               lease_until = IF({taken}, VALUES(lease_until), lease_until),
               expires_at = IF({taken}, VALUES(expires_at), expires_at),
-              state = IF({taken}, 1, state);
-            SELECT ns, k, claim = {stamp} AS mine, @idem_now AS now, {ROW} FROM {table} WHERE "
+              state = IF({taken}, 1, state)"
         );
-        key_list(&mut sql, items.iter().map(|i| &i.key));
+        let mut read = format!(
+            "SELECT ns, k, claim = {stamp} AS mine, @idem_now AS now, {ROW} FROM {table} WHERE "
+        );
+        key_match(&mut read, items.iter().map(|i| &i.key));
+        [format!("SET @idem_now = {NOW}"), upsert, read]
+    }
+
+    /// `begin` for items of one shard, no key twice. An answer is `None`
+    /// when the item's row changed between the statements: try it again.
+    pub async fn begin(
+        &self,
+        shard: u16,
+        items: &[&BeginItem],
+        abandoned_ms: i64,
+    ) -> Result<Vec<Option<Begin>>, StoreError> {
+        let sql = self
+            .begin_statements(shard, items, abandoned_ms, claim_stamp())
+            .join(";\n");
         let rows = sqlx::raw_sql(AssertSqlSafe(sql))
             .fetch_all(&self.pool)
             .await
@@ -214,6 +259,77 @@ impl MySql {
         Ok(answers)
     }
 
+    /// Pushes `complete`'s update for `items` onto `q`, values bound.
+    pub(crate) fn push_complete(
+        &self,
+        update: &mut QueryBuilder<sqlx::MySql>,
+        shard: u16,
+        items: &[&CompleteItem],
+    ) {
+        let table = &self.tables[usize::from(shard)];
+        if let [item] = items {
+            // One key: the plain single-table form, matched by primary key.
+            // Assignments run left to right; none reads a column written
+            // before it.
+            update.push(format_args!("UPDATE {table} SET outcome = "));
+            update.push_bind(item.outcome.as_deref());
+            update.push(format_args!(
+                ", completed_at = {NOW}, expires_at = {NOW} + "
+            ));
+            update.push_bind(crate::row::millis(item.retention));
+            update.push(", lease_until = 0, state = 2 WHERE ns = ");
+            update.push_bind(ns(&item.key));
+            update.push(" AND k = ");
+            update.push_bind(&item.key.bytes()[..]);
+            update.push(" AND token = ");
+            update.push_bind(token_column(item.token));
+            update.push(format_args!(" AND state = 1 AND lease_until > {NOW}"));
+        } else {
+            update.push(format_args!("UPDATE {table} r JOIN ("));
+            for (i, item) in items.iter().enumerate() {
+                update.push(if i == 0 {
+                    "SELECT "
+                } else {
+                    " UNION ALL SELECT "
+                });
+                update.push_bind(ns(&item.key));
+                update.push(" AS ns, ");
+                update.push_bind(&item.key.bytes()[..]);
+                update.push(" AS k, ");
+                update.push_bind(token_column(item.token));
+                update.push(" AS token, ");
+                update.push_bind(item.outcome.as_deref());
+                update.push(" AS outcome, ");
+                update.push_bind(crate::row::millis(item.retention));
+                update.push(" AS retention");
+            }
+            // Multiple-table updates assign in no set order: no assignment
+            // reads a column another one writes. NOW() is the statement's
+            // start, the same in every expression.
+            update.push(format_args!(
+                ") i ON r.ns = i.ns AND r.k = i.k AND r.token = i.token
+                SET r.outcome = i.outcome, r.completed_at = {NOW},
+                    r.expires_at = {NOW} + i.retention, r.lease_until = 0, r.state = 2
+                WHERE r.state = 1 AND r.lease_until > {NOW}"
+            ));
+        }
+    }
+
+    /// Pushes the read that follows `complete`'s update when an item did
+    /// not take its row.
+    pub(crate) fn push_complete_read(
+        &self,
+        read: &mut QueryBuilder<sqlx::MySql>,
+        shard: u16,
+        items: &[&CompleteItem],
+    ) {
+        let table = &self.tables[usize::from(shard)];
+        read.push(format_args!(
+            "SELECT ns, k, token, state, expires_at, {NOW} AS now FROM {table} WHERE "
+        ));
+        bind_key_match(read, items.iter().map(|i| &i.key));
+    }
+
     /// `complete` for items of one shard, no key twice.
     ///
     /// The update takes in-progress rows held by each item's token. When it
@@ -225,69 +341,23 @@ impl MySql {
         shard: u16,
         items: &[&CompleteItem],
     ) -> Result<Vec<Fenced>, StoreError> {
-        let table = &self.tables[usize::from(shard)];
-        let size: usize = items
-            .iter()
-            .map(|i| 160 + 2 * i.outcome.as_ref().map_or(0, |o| o.len()))
-            .sum();
-        let mut sql = String::with_capacity(600 + size);
-        let _ = write!(
-            sql,
-            "SET @idem_now = {NOW};
-            UPDATE {table} r JOIN ("
-        );
-        for (i, item) in items.iter().enumerate() {
-            sql.push_str(if i == 0 {
-                "SELECT "
-            } else {
-                " UNION ALL SELECT "
-            });
-            hex_literal(&mut sql, ns(&item.key));
-            sql.push_str(" AS ns, ");
-            hex_literal(&mut sql, item.key.bytes());
-            let _ = write!(sql, " AS k, {} AS token, ", token_column(item.token));
-            match &item.outcome {
-                Some(o) => hex_literal(&mut sql, o),
-                None => sql.push_str("NULL"),
-            }
-            let _ = write!(
-                sql,
-                " AS outcome, {} AS retention",
-                crate::row::millis(item.retention)
-            );
-        }
-        // Multiple-table updates assign in no set order: no assignment
-        // reads a column another one writes.
-        sql.push_str(
-            ") i ON r.ns = i.ns AND r.k = i.k AND r.token = i.token
-            SET r.outcome = i.outcome, r.completed_at = @idem_now,
-                r.expires_at = @idem_now + i.retention, r.lease_until = 0, r.state = 2
-            WHERE r.state = 1 AND r.lease_until > @idem_now",
-        );
-        // The read that follows runs on the same connection, for its
-        // session's clock.
-        let mut conn = self.pool.acquire().await.map_err(crate::error::store)?;
-        let mut taken = 0;
-        {
-            let mut results = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_many(&mut *conn);
-            while let Some(step) = results.try_next().await.map_err(crate::error::store)? {
-                if let Either::Left(done) = step {
-                    taken = done.rows_affected();
-                }
-            }
-        }
+        let mut update = QueryBuilder::<sqlx::MySql>::new("");
+        self.push_complete(&mut update, shard, items);
+        let taken = update
+            .build()
+            .execute(&self.pool)
+            .await
+            .map_err(crate::error::store)?
+            .rows_affected();
         // Every item took its row: the common case needs no read.
         if usize::try_from(taken).is_ok_and(|n| n == items.len()) {
             return Ok(vec![Fenced::Ok(()); items.len()]);
         }
-        let mut sql = String::with_capacity(100 + items.len() * 80);
-        let _ = write!(
-            sql,
-            "SELECT ns, k, token, state, expires_at, @idem_now AS now FROM {table} WHERE "
-        );
-        key_list(&mut sql, items.iter().map(|i| &i.key));
-        let rows = sqlx::raw_sql(AssertSqlSafe(sql))
-            .fetch_all(&mut *conn)
+        let mut read = QueryBuilder::<sqlx::MySql>::new("");
+        self.push_complete_read(&mut read, shard, items);
+        let rows = read
+            .build()
+            .fetch_all(&self.pool)
             .await
             .map_err(crate::error::store)?;
         let index: HashMap<(&[u8], &[u8]), usize> = items
@@ -339,6 +409,32 @@ impl MySql {
         })
     }
 
+    /// The statements of `extend`, sent in one round trip: read the clock,
+    /// update the row held by `held`, answer the new lease's end.
+    pub(crate) fn extend_statements(
+        &self,
+        shard: u16,
+        key: &Key,
+        held: FencingToken,
+        lease: Lease,
+        abandoned_ms: i64,
+    ) -> [String; 3] {
+        let table = &self.tables[usize::from(shard)];
+        let lease = crate::row::millis(lease.duration());
+        let mut update = format!(
+            "UPDATE {table} SET lease_until = @idem_now + {lease}, expires_at = @idem_now + {}
+            WHERE token = {} AND state = 1 AND lease_until > @idem_now AND ",
+            lease.saturating_add(abandoned_ms),
+            token_column(held),
+        );
+        key_match(&mut update, std::iter::once(key));
+        [
+            format!("SET @idem_now = {NOW}"),
+            update,
+            format!("SELECT @idem_now + {lease} AS until"),
+        ]
+    }
+
     pub async fn extend(
         &self,
         shard: u16,
@@ -347,18 +443,9 @@ impl MySql {
         lease: Lease,
         abandoned_ms: i64,
     ) -> Result<Fenced<Timestamp>, StoreError> {
-        let table = &self.tables[usize::from(shard)];
-        let lease = crate::row::millis(lease.duration());
-        let mut sql = format!(
-            "SET @idem_now = {NOW};
-            UPDATE {table} SET lease_until = @idem_now + {lease}, expires_at = @idem_now + {}
-            WHERE token = {} AND state = 1 AND lease_until > @idem_now AND ",
-            lease.saturating_add(abandoned_ms),
-            token_column(held),
-        );
-        key_list(&mut sql, std::iter::once(key));
-        sql.push_str("; SELECT @idem_now + ");
-        let _ = write!(sql, "{lease} AS until");
+        let sql = self
+            .extend_statements(shard, key, held, lease, abandoned_ms)
+            .join(";\n");
         let mut results = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_many(&self.pool);
         let mut matched = 0;
         let mut until = None;

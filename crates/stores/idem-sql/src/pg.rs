@@ -25,13 +25,13 @@ const ROW: &str = "r.state, r.token, r.fp, r.attempts, r.started_at, r.lease_unt
 
 /// The statements of one table, written once when the store opens.
 pub(crate) struct TableSql {
-    begin: String,
-    complete: String,
-    release: String,
-    extend: String,
-    get: String,
-    scan: String,
-    sweep: String,
+    pub(crate) begin: String,
+    pub(crate) complete: String,
+    pub(crate) release: String,
+    pub(crate) extend: String,
+    pub(crate) get: String,
+    pub(crate) scan: String,
+    pub(crate) sweep: String,
 }
 
 impl TableSql {
@@ -135,7 +135,7 @@ impl TableSql {
 /// The PostgreSQL side of a store: its pool and its statements.
 pub(crate) struct Postgres {
     pub pool: PgPool,
-    sql: Vec<TableSql>,
+    pub(crate) sql: Vec<TableSql>,
 }
 
 fn ns(key: &Key) -> &[u8] {

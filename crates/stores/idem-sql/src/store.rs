@@ -113,25 +113,26 @@ fn copy(e: &StoreError) -> StoreError {
     }
 }
 
-/// Most outcome bytes one statement carries: a MySQL statement is text,
-/// outcomes go into it as hexadecimal, and the server refuses a statement
-/// over its `max_allowed_packet` (4 MiB in old defaults, 16 MiB in
-/// MariaDB's, 64 MiB in MySQL 8's).
-const OUTCOME_BYTES_PER_STATEMENT: usize = 1 << 20;
+/// Most bytes of values one batch statement carries, so that a batch of
+/// large outcomes goes as several statements: a MySQL server refuses a
+/// statement over its `max_allowed_packet` (4 MiB in old defaults, 16 MiB
+/// in MariaDB's, 64 MiB in MySQL 8's), and smaller statements hold their
+/// rows' locks for less time.
+pub(crate) const OUTCOME_BYTES_PER_STATEMENT: usize = 1 << 20;
 
 /// Cuts `idx` into statements of at most [`ITEMS_PER_STATEMENT`] items and
-/// [`OUTCOME_BYTES_PER_STATEMENT`] outcome bytes (a larger outcome goes
-/// alone).
-fn statements(idx: &[usize], outcome_bytes: impl Fn(usize) -> usize) -> Vec<Vec<usize>> {
+/// `budget` bytes (a larger item goes alone).
+fn statements(
+    idx: &[usize],
+    budget: usize,
+    item_bytes: impl Fn(usize) -> usize,
+) -> Vec<Vec<usize>> {
     let mut out: Vec<Vec<usize>> = Vec::new();
     let mut bytes = 0;
     for &i in idx {
-        let size = outcome_bytes(i);
+        let size = item_bytes(i);
         match out.last_mut() {
-            Some(last)
-                if last.len() < ITEMS_PER_STATEMENT
-                    && bytes + size <= OUTCOME_BYTES_PER_STATEMENT =>
-            {
+            Some(last) if last.len() < ITEMS_PER_STATEMENT && bytes + size <= budget => {
                 last.push(i);
                 bytes += size;
             }
@@ -142,6 +143,30 @@ fn statements(idx: &[usize], outcome_bytes: impl Fn(usize) -> usize) -> Vec<Vec<
         }
     }
     out
+}
+
+/// A key's bytes in a statement: its namespace and key.
+fn key_bytes(key: &Key) -> usize {
+    key.namespace().as_str().len() + key.bytes().len()
+}
+
+impl Db {
+    /// Most bytes of values one batch statement carries.
+    fn statement_bytes(&self) -> usize {
+        match self {
+            Db::Postgres(_) => OUTCOME_BYTES_PER_STATEMENT,
+            Db::MySql(my) => my.statement_bytes,
+        }
+    }
+
+    /// The bytes one `begin` item takes in a statement: on MySQL its key
+    /// goes as hexadecimal text, twice (the upsert and the read back).
+    fn begin_bytes(&self, key: &Key) -> usize {
+        match self {
+            Db::Postgres(_) => key_bytes(key),
+            Db::MySql(_) => 4 * key_bytes(key) + 200,
+        }
+    }
 }
 
 /// The order of the tables' primary key: namespace, then key, bytewise.
@@ -212,23 +237,21 @@ impl Inner {
                     // Rows locked in one order by every statement cannot
                     // deadlock each other.
                     idx.sort_by(|&a, &b| in_row_order(&items[a].key, &items[b].key));
-                    idx.chunks(ITEMS_PER_STATEMENT)
-                        .map(|chunk| {
-                            let chunk = chunk.to_vec();
-                            let refs: Vec<&BeginItem> = chunk.iter().map(|&i| &items[i]).collect();
-                            async move {
-                                let answer = match &self.db {
-                                    Db::Postgres(pg) => {
-                                        pg.begin(shard, &refs, self.abandoned_ms).await
-                                    }
-                                    Db::MySql(my) => {
-                                        my.begin(shard, &refs, self.abandoned_ms).await
-                                    }
-                                };
-                                (chunk, answer)
-                            }
-                        })
-                        .collect::<Vec<_>>()
+                    statements(&idx, self.db.statement_bytes(), |i| {
+                        self.db.begin_bytes(&items[i].key)
+                    })
+                    .into_iter()
+                    .map(|chunk| {
+                        let refs: Vec<&BeginItem> = chunk.iter().map(|&i| &items[i]).collect();
+                        async move {
+                            let answer = match &self.db {
+                                Db::Postgres(pg) => pg.begin(shard, &refs, self.abandoned_ms).await,
+                                Db::MySql(my) => my.begin(shard, &refs, self.abandoned_ms).await,
+                            };
+                            (chunk, answer)
+                        }
+                    })
+                    .collect::<Vec<_>>()
                 });
                 pending = Vec::new();
                 for (chunk, answer) in join_all(calls).await {
@@ -283,20 +306,23 @@ impl Inner {
             }
             let calls = by_shard.into_iter().flat_map(|(shard, mut idx)| {
                 idx.sort_by(|&a, &b| in_row_order(&items[a].key, &items[b].key));
-                statements(&idx, |i| items[i].outcome.as_ref().map_or(0, |o| o.len()))
-                    .into_iter()
-                    .map(|chunk| async move {
-                        let refs: Vec<&CompleteItem> = chunk.iter().map(|&i| &items[i]).collect();
-                        let answer = retrying(|| async {
-                            match &self.db {
-                                Db::Postgres(pg) => pg.complete(shard, &refs).await,
-                                Db::MySql(my) => my.complete(shard, &refs).await,
-                            }
-                        })
-                        .await;
-                        (chunk, answer)
+                statements(&idx, self.db.statement_bytes(), |i| {
+                    let item = &items[i];
+                    item.outcome.as_ref().map_or(0, |o| o.len()) + key_bytes(&item.key)
+                })
+                .into_iter()
+                .map(|chunk| async move {
+                    let refs: Vec<&CompleteItem> = chunk.iter().map(|&i| &items[i]).collect();
+                    let answer = retrying(|| async {
+                        match &self.db {
+                            Db::Postgres(pg) => pg.complete(shard, &refs).await,
+                            Db::MySql(my) => my.complete(shard, &refs).await,
+                        }
                     })
-                    .collect::<Vec<_>>()
+                    .await;
+                    (chunk, answer)
+                })
+                .collect::<Vec<_>>()
             });
             for (chunk, answer) in join_all(calls).await {
                 match answer {
@@ -355,8 +381,12 @@ impl Inner {
     }
 }
 
-/// Each operation is one statement in autocommit (a few in one round trip
-/// on MySQL, each atomic), so the server applies it whole or not at all.
+/// Each operation's write is one statement in autocommit, so the server
+/// applies it whole or not at all. On PostgreSQL that statement also reads
+/// what the operation answers; on MySQL, which returns no rows from a
+/// write, a second statement reads them (`begin` and `extend` send theirs
+/// in the same round trip; `complete` reads only when an item was not
+/// taken).
 ///
 /// # Cancel safety
 ///
@@ -442,9 +472,26 @@ impl Store for SqlStore {
         .await
     }
 
+    /// `begin_many`: one statement per shard and [`ITEMS_PER_STATEMENT`]
+    /// items. When some statements fail, answers the error and releases
+    /// the claims the others made, since the caller gets no tokens to
+    /// complete them.
     async fn begin_many(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
         self.inner.limits.check_begin_items(items)?;
-        self.inner.begin_items(items).await.into_iter().collect()
+        let answers = self.inner.begin_items(items).await;
+        if answers.iter().all(Result::is_ok) {
+            return answers.into_iter().collect();
+        }
+        let made = items.iter().zip(&answers).filter_map(|(item, a)| match a {
+            Ok(Begin::Acquired(claim)) => Some(self.inner.release(&item.key, claim.token)),
+            _ => None,
+        });
+        for undone in join_all(made).await {
+            if let Err(e) = undone {
+                tracing::warn!(error = %e, "a claim of a failed begin_many stays until its lease ends");
+            }
+        }
+        answers.into_iter().collect()
     }
 
     async fn complete_many(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {

@@ -1,0 +1,311 @@
+//! Every single-key statement finds its row through the primary key, on
+//! a table of 100 000 rows that was filled but never analysed: no plan
+//! scans the table, and a renewal takes milliseconds.
+
+use std::time::{Duration, Instant};
+
+use idem_core::{Begin, BeginItem, CompleteItem, FencingToken, Key, Lease, Store};
+use sqlx::{AssertSqlSafe, QueryBuilder, Row};
+
+use super::{fresh_prefix, mysql_url, open, postgres_url};
+use crate::SqlStore;
+use crate::store::Db;
+
+/// Rows in the table the plans are checked on.
+const ROWS: i64 = 100_000;
+
+/// A key among the table's rows.
+fn row_key(i: i64) -> Key {
+    Key::new("plans", format!("key-{i}")).unwrap()
+}
+
+/// The median of `runs` renewals of a claim on the table.
+async fn median_renewal(store: &SqlStore) -> Duration {
+    let key = Key::new("plans", "renewed").unwrap();
+    let Begin::Acquired(claim) = store.begin(&key, None, Lease::from_secs(60)).await.unwrap()
+    else {
+        panic!("a fresh key is acquired")
+    };
+    let mut took = Vec::new();
+    for _ in 0..21 {
+        let start = Instant::now();
+        let renewed = store
+            .extend(&key, claim.token, Lease::from_secs(60))
+            .await
+            .unwrap();
+        took.push(start.elapsed());
+        assert!(!renewed.is_stale(), "the holder renews its claim");
+    }
+    took.sort();
+    took[took.len() / 2]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_single_key_statements_stay_on_the_primary_key_before_analyze() {
+    let url = postgres_url();
+    let prefix = fresh_prefix("plans");
+    let Some(store) = open("PostgreSQL", &url, |b| b.table(&prefix)).await else {
+        return;
+    };
+    let Db::Postgres(pg) = &store.inner.db else {
+        unreachable!("a postgres:// URL opens PostgreSQL")
+    };
+    let table = store.tables().name(0).to_string();
+    let mut conn = pg.pool.acquire().await.unwrap();
+    // Statistics arrive only if something analyses the table: nothing
+    // here may, so the plans are those of a table just created and filled.
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "ALTER TABLE \"{table}\" SET (autovacuum_enabled = false)"
+    )))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO \"{table}\" (ns, k, state, token, fp, attempts, started_at, lease_until,
+                                 outcome, completed_at, expires_at)
+         SELECT convert_to('plans', 'UTF8'), convert_to('key-' || g, 'UTF8'), 1, g * 1024, NULL, 1,
+                0, 9000000000000, NULL, 0, 9000000000000
+         FROM generate_series(1, $1) AS g"
+    )))
+    .bind(ROWS)
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let analysed: bool = sqlx::query_scalar(
+        "SELECT reltuples >= 0 FROM pg_class WHERE oid = to_regclass(quote_ident($1))",
+    )
+    .bind(&table)
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    assert!(!analysed, "the table must not have been analysed yet");
+    let mode: String = sqlx::query_scalar("SHOW plan_cache_mode")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        mode, "force_generic_plan",
+        "the store's sessions plan each statement once, from its text"
+    );
+
+    let sql = &pg.sql[0];
+    let statements = [
+        ("begin", &sql.begin, 5),
+        ("complete", &sql.complete, 5),
+        ("release", &sql.release, 4),
+        ("extend", &sql.extend, 5),
+        ("get", &sql.get, 2),
+        ("scan", &sql.scan, 5),
+    ];
+    for (name, statement, params) in statements {
+        // The plan a session of the store runs: the generic one, which no
+        // parameter value changes.
+        sqlx::raw_sql(AssertSqlSafe(format!("PREPARE idem_plan AS {statement}")))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let nulls = vec!["NULL"; params].join(", ");
+        let plan: Vec<String> =
+            sqlx::query_scalar(AssertSqlSafe(format!("EXPLAIN EXECUTE idem_plan({nulls})")))
+                .fetch_all(&mut *conn)
+                .await
+                .unwrap();
+        sqlx::raw_sql("DEALLOCATE idem_plan")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let plan = plan.join("\n");
+        assert!(
+            !plan.contains(&format!("Seq Scan on {table}")),
+            "{name} scans the table:\n{plan}"
+        );
+        assert!(
+            plan.contains(&format!("{table}_pkey")),
+            "{name} does not use the primary key:\n{plan}"
+        );
+    }
+    drop(conn);
+
+    let median = median_renewal(&store).await;
+    eprintln!("PostgreSQL: median renewal on {ROWS} rows: {median:?}");
+    assert!(
+        median < Duration::from_millis(50),
+        "a renewal took {median:?}"
+    );
+    drop_tables(&store, &url, &table).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_single_key_statements_use_the_primary_key() {
+    let url = mysql_url();
+    let prefix = fresh_prefix("plans");
+    let Some(store) = open("MySQL", &url, |b| b.table(&prefix)).await else {
+        return;
+    };
+    let Db::MySql(my) = &store.inner.db else {
+        unreachable!("a mysql:// URL opens MySQL")
+    };
+    let table = store.tables().name(0).to_string();
+    let mut conn = my.pool.acquire().await.unwrap();
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO `{table}` (ns, k, state, token, fp, attempts, started_at, lease_until,
+                               outcome, completed_at, expires_at)
+         SELECT 'plans', CONCAT('key-', seq), 1, seq * 1024, NULL, 1,
+                0, 9000000000000, NULL, 0, 9000000000000
+         FROM seq_1_to_{ROWS}"
+    )))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    // The statements read the clock from this session variable.
+    sqlx::raw_sql("SET @idem_now = CAST(FLOOR(UNIX_TIMESTAMP(NOW(3)) * 1000) AS SIGNED)")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+
+    let key = row_key(4242);
+    let other = row_key(77_777);
+    let token = FencingToken::new(4242 * 1024);
+    let begin = BeginItem {
+        key: key.clone(),
+        fingerprint: None,
+        lease: Lease::from_secs(30),
+    };
+    let complete = |key: &Key| CompleteItem {
+        key: key.clone(),
+        token,
+        outcome: Some(vec![7; 100].into()),
+        retention: Duration::from_secs(60),
+    };
+    let (one, two) = (complete(&key), complete(&other));
+
+    let mut plans: Vec<(&str, Vec<PlanRow>)> = Vec::new();
+    let [_, _, begin_read] = my.begin_statements(0, &[&begin], 0, 1);
+    plans.push((
+        "begin (read back)",
+        explain_text(&mut conn, &begin_read).await,
+    ));
+    let [_, extend, _] = my.extend_statements(0, &key, token, Lease::from_secs(30), 0);
+    plans.push(("extend", explain_text(&mut conn, &extend).await));
+    let mut q = QueryBuilder::new("EXPLAIN ");
+    my.push_complete(&mut q, 0, &[&one]);
+    plans.push(("complete", explain(&mut conn, q).await));
+    let mut q = QueryBuilder::new("EXPLAIN ");
+    my.push_complete(&mut q, 0, &[&one, &two]);
+    plans.push(("complete of two keys", explain(&mut conn, q).await));
+    let mut q = QueryBuilder::new("EXPLAIN ");
+    my.push_complete_read(&mut q, 0, &[&one, &two]);
+    plans.push(("complete (read back)", explain(&mut conn, q).await));
+    let ns = "plans".as_bytes();
+    let k = &key.bytes()[..];
+    let rows = sqlx::query(AssertSqlSafe(format!("EXPLAIN {}", my.release[0])))
+        .bind(1000_i64)
+        .bind(ns)
+        .bind(k)
+        .bind(4242_i64 * 1024)
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    plans.push(("release", rows.iter().map(PlanRow::of).collect()));
+    let rows = sqlx::query(AssertSqlSafe(format!("EXPLAIN {}", my.get[0])))
+        .bind(ns)
+        .bind(k)
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    plans.push(("get", rows.iter().map(PlanRow::of).collect()));
+
+    for (name, plan) in &plans {
+        let on_table: Vec<&PlanRow> = plan
+            .iter()
+            .filter(|r| r.table.as_deref().is_some_and(|t| t == table || t == "r"))
+            .collect();
+        assert!(
+            !on_table.is_empty(),
+            "{name}: no plan row for the table: {plan:?}"
+        );
+        for row in on_table {
+            assert!(
+                row.key.as_deref() == Some("PRIMARY")
+                    && matches!(row.access.as_str(), "const" | "eq_ref" | "ref" | "range")
+                    && row.rows.is_some_and(|n| n <= 10),
+                "{name} does not find its rows through the primary key: {plan:?}"
+            );
+        }
+    }
+    drop(conn);
+
+    let median = median_renewal(&store).await;
+    eprintln!("MySQL: median renewal on {ROWS} rows: {median:?}");
+    assert!(
+        median < Duration::from_millis(50),
+        "a renewal took {median:?}"
+    );
+    drop_tables(&store, &url, &table).await;
+}
+
+/// One row of MariaDB's `EXPLAIN`.
+#[derive(Debug)]
+struct PlanRow {
+    table: Option<String>,
+    access: String,
+    key: Option<String>,
+    rows: Option<u64>,
+}
+
+impl PlanRow {
+    fn of(row: &sqlx::mysql::MySqlRow) -> Self {
+        Self {
+            table: row.try_get("table").unwrap(),
+            access: row
+                .try_get::<Option<String>, _>("type")
+                .unwrap()
+                .unwrap_or_default(),
+            key: row.try_get("key").unwrap(),
+            // MariaDB answers the estimate as text.
+            rows: row
+                .try_get::<Option<String>, _>("rows")
+                .unwrap()
+                .and_then(|n| n.parse().ok()),
+        }
+    }
+}
+
+async fn explain_text(conn: &mut sqlx::MySqlConnection, statement: &str) -> Vec<PlanRow> {
+    let rows = sqlx::raw_sql(AssertSqlSafe(format!("EXPLAIN {statement}")))
+        .fetch_all(conn)
+        .await
+        .unwrap();
+    rows.iter().map(PlanRow::of).collect()
+}
+
+async fn explain(
+    conn: &mut sqlx::MySqlConnection,
+    mut q: QueryBuilder<sqlx::MySql>,
+) -> Vec<PlanRow> {
+    let rows = q.build().fetch_all(conn).await.unwrap();
+    rows.iter().map(PlanRow::of).collect()
+}
+
+async fn drop_tables(store: &SqlStore, url: &str, table: &str) {
+    let schema = format!("{}_schema", store.tables().prefix());
+    let q = if url.starts_with("postgres") {
+        '"'
+    } else {
+        '`'
+    };
+    for name in [table, &schema] {
+        let sql = format!("DROP TABLE IF EXISTS {q}{name}{q}");
+        match &store.inner.db {
+            Db::Postgres(pg) => sqlx::raw_sql(AssertSqlSafe(sql))
+                .execute(&pg.pool)
+                .await
+                .map(drop),
+            Db::MySql(my) => sqlx::raw_sql(AssertSqlSafe(sql))
+                .execute(&my.pool)
+                .await
+                .map(drop),
+        }
+        .unwrap();
+    }
+}
