@@ -1,7 +1,9 @@
 //! Publishing with a message id and the stream's acknowledgement.
 
-use async_nats::HeaderMap;
+use std::str::FromStr;
+
 use async_nats::jetstream::context;
+use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
 use url::Url;
 
@@ -68,7 +70,9 @@ impl JetStreamPublisher {
     }
 
     /// Publishes `body` to `subject` with message id `id` and `headers`,
-    /// and waits for the stream's acknowledgement.
+    /// and waits for the stream's acknowledgement. A header NATS cannot
+    /// carry (CR or LF in a value or the id, `:` or a control character in
+    /// a name) is an error, and nothing is sent.
     ///
     /// # Cancel safety
     ///
@@ -82,11 +86,25 @@ impl JetStreamPublisher {
         headers: &[(&str, &str)],
         body: impl Into<Bytes>,
     ) -> Result<Published, PublishError> {
+        // The fallible constructors: `HeaderMap::append` panics on a name
+        // or value NATS cannot carry (CR, LF, `:` in a name).
         let mut map = HeaderMap::new();
+        let header = |name: &str, value: &str| -> Result<(HeaderName, HeaderValue), String> {
+            let name = HeaderName::from_str(name).map_err(|e| format!("header `{name}`: {e}"))?;
+            let value =
+                HeaderValue::from_str(value).map_err(|e| format!("header `{name}`: {e}"))?;
+            Ok((name, value))
+        };
+        let invalid = |reason: String| PublishError {
+            subject: subject.to_owned(),
+            reason,
+        };
         for (name, value) in headers {
-            map.append(*name, *value);
+            let (name, value) = header(name, value).map_err(invalid)?;
+            map.append(name, value);
         }
-        map.insert("Nats-Msg-Id", id);
+        let (name, value) = header("Nats-Msg-Id", id).map_err(invalid)?;
+        map.insert(name, value);
         publish_acked(&self.context, subject.to_owned(), map, body.into()).await
     }
 }

@@ -1,17 +1,20 @@
 //! The runner's verbs on a JetStream pull consumer.
 
 use std::fmt;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::consumer::pull;
 use async_nats::jetstream::message::Acker;
 use async_nats::jetstream::{self, AckKind, context};
+use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
 use futures_util::StreamExt;
+use idem_consumer::copy::{CopyValue, HeaderRules, copy_headers};
 use idem_consumer::{DeadLetter, Delivery, Message, RetryReason, Source, SourceError};
+use idem_core::BoxError;
 
 use crate::connect::{self, ConnectError};
 use crate::publisher::publish_acked;
@@ -247,6 +250,57 @@ fn delivery(m: jetstream::Message) -> Result<Delivery<Receipt>, SourceError> {
     })
 }
 
+/// The headers of the dead letter of the message `receipt` settles: its own
+/// (with NATS control headers kept as `idem-original-<name>`), idem's, and
+/// a `Nats-Msg-Id` naming the stream message.
+///
+/// The dead letter's id names this stream message, so a dead letter
+/// published again (its ack was lost) is dropped by the dead-letter
+/// stream's duplicate window, while another message that reused the
+/// producer's id (a replay of a dead letter, say) is not. The producer's id
+/// moves to `idem-message-id`.
+///
+/// Built with the fallible constructors: `HeaderMap::insert` panics on a
+/// value with CR or LF, and a panic here would leave the message to come
+/// back forever. idem's values are escaped by `copy_headers`; the
+/// original's came from the server and parse again.
+fn dead_letter_headers(
+    stream: &str,
+    receipt: &Receipt,
+    why: &DeadLetter,
+) -> Result<HeaderMap, BoxError> {
+    let original = receipt
+        .headers
+        .iter()
+        .flat_map(|h| h.iter())
+        .flat_map(|(name, values)| {
+            values
+                .iter()
+                .map(move |v| (AsRef::<str>::as_ref(name), v.as_str()))
+        });
+    let producer_id = receipt
+        .headers
+        .as_ref()
+        .and_then(|h| h.get_last("Nats-Msg-Id"))
+        .map(|v| v.as_str());
+    let dead_letter_id = format!("{stream}:{}", receipt.stream_sequence);
+    let why = why.headers();
+    let mut idem: Vec<(&str, &str)> = why.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    if let Some(id) = producer_id {
+        idem.push(("idem-message-id", id));
+    }
+    idem.push(("Nats-Msg-Id", &dead_letter_id));
+    let mut headers = HeaderMap::new();
+    for (name, value) in copy_headers(original, HeaderRules::PLAIN, &idem) {
+        let value = match value {
+            CopyValue::Original(v) => v.to_owned(),
+            CopyValue::Idem(v) => v,
+        };
+        headers.append(HeaderName::from_str(&name)?, HeaderValue::from_str(&value)?);
+    }
+    Ok(headers)
+}
+
 async fn settle(receipt: &Receipt, kind: AckKind, what: &str) -> Result<(), SourceError> {
     receipt.acker.double_ack_with(kind).await.map_err(|e| {
         SourceError::new(
@@ -289,22 +343,15 @@ impl Source for JetStreamSource {
         why: DeadLetter,
     ) -> Result<(), SourceError> {
         let receipt = &delivery.receipt;
-        let mut headers = receipt.headers.clone().unwrap_or_default();
-        for (name, value) in why.headers() {
-            headers.insert(name, value.as_str());
-        }
-        // The dead letter's id names this stream message, so a dead letter
-        // published again (its ack was lost) is dropped by the dead-letter
-        // stream's duplicate window, while another message that reused the
-        // producer's id (a replay of a dead letter, say) is not. The
-        // producer's id moves to `idem-message-id`.
-        if let Some(id) = headers.get_last("Nats-Msg-Id").cloned() {
-            headers.insert("idem-message-id", id);
-        }
-        headers.insert(
-            "Nats-Msg-Id",
-            format!("{}:{}", self.inner.stream, receipt.stream_sequence).as_str(),
-        );
+        let headers = dead_letter_headers(&self.inner.stream, receipt, &why).map_err(|e| {
+            SourceError::new(
+                format!(
+                    "dead-lettering stream message {}: building its headers",
+                    receipt.stream_sequence
+                ),
+                e,
+            )
+        })?;
         publish_acked(
             &self.inner.context,
             self.inner.dead_letter.clone(),

@@ -1,5 +1,5 @@
 //! The stream itself drops a republish with the same `Nats-Msg-Id` inside
-//! its duplicate window.
+//! its duplicate window; a header NATS cannot carry is refused, not sent.
 
 mod support;
 
@@ -30,4 +30,30 @@ async fn republishing_a_message_id_within_the_window_is_dropped_by_the_stream() 
     assert_eq!(again.sequence, 1, "the answer names the first copy");
     assert_eq!(again.stream, f.stream);
     assert_eq!(f.stored().await, 2, "the duplicate was not stored");
+}
+
+#[tokio::test]
+async fn a_header_nats_cannot_carry_is_an_error_not_a_panic() {
+    let Some(f) = Fixture::new("publishbad").await else {
+        return;
+    };
+    let _source = f.source(f.config()).await;
+    let subject = format!("{}.paid", f.prefix);
+    let line_break = f
+        .publisher
+        .publish(&subject, "order-1", &[("detail", "a\r\nb")], "{}")
+        .await;
+    let err = line_break.expect_err("a value with CR/LF is refused");
+    assert!(
+        err.to_string().contains("detail"),
+        "names the header: {err}"
+    );
+    let bad_name = f
+        .publisher
+        .publish(&subject, "order-1", &[("a:b", "x")], "{}")
+        .await;
+    assert!(bad_name.is_err(), "a name with `:` is refused");
+    let bad_id = f.publisher.publish(&subject, "order\n1", &[], "{}").await;
+    assert!(bad_id.is_err(), "an id with LF is refused");
+    assert_eq!(f.stored().await, 0, "nothing was published");
 }
