@@ -47,11 +47,15 @@ const FETCH_WAIT: Duration = Duration::from_secs(1);
 /// died is retried until its lease expires).
 ///
 /// **Dead letters** keep the body and headers, add `idem-key`,
-/// `idem-attempts` and `idem-last-error`, and carry `Nats-Msg-Id`
-/// `<stream>:<sequence>` (the producer's id moves to `idem-message-id`), so
-/// the dead-letter stream drops a dead letter published twice but never two
-/// messages that shared a producer id. They are settled with `+TERM` after
-/// the copy is stored: it
+/// `idem-attempts` and `idem-last-error` (escaped to one line), and carry
+/// `Nats-Msg-Id` `<stream>:<sequence>` (the producer's id moves to
+/// `idem-message-id`), so the dead-letter stream drops a dead letter
+/// published twice but never two messages that shared a producer id. The
+/// original's other `Nats-*` headers, which the server acts on
+/// (`Nats-Expected-Last-Sequence`, `Nats-Rollup`, `Nats-TTL`, …), are kept
+/// as `idem-original-<name>`: the dead-letter stream must not refuse or
+/// roll up a dead letter because of what its original asked of its own
+/// stream. They are settled with `+TERM` after the copy is stored: it
 /// stops redelivery as an ack does and, unlike an ack, tells the server's
 /// advisories (`$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED`) the message
 /// was given up on, which monitoring can count.
@@ -250,6 +254,14 @@ fn delivery(m: jetstream::Message) -> Result<Delivery<Receipt>, SourceError> {
     })
 }
 
+/// A header whose name starts with `Nats-` is one the server acts on when
+/// it stores a message (`Nats-Expected-Last-Sequence`, `Nats-Rollup`,
+/// `Nats-TTL`, …): on a dead letter it would be checked against the
+/// dead-letter stream and could refuse every publish.
+const NATS_HEADERS: HeaderRules = HeaderRules {
+    is_control: |name| name.len() >= 5 && name.as_bytes()[..5].eq_ignore_ascii_case(b"nats-"),
+};
+
 /// The headers of the dead letter of the message `receipt` settles: its own
 /// (with NATS control headers kept as `idem-original-<name>`), idem's, and
 /// a `Nats-Msg-Id` naming the stream message.
@@ -291,7 +303,7 @@ fn dead_letter_headers(
     }
     idem.push(("Nats-Msg-Id", &dead_letter_id));
     let mut headers = HeaderMap::new();
-    for (name, value) in copy_headers(original, HeaderRules::PLAIN, &idem) {
+    for (name, value) in copy_headers(original, NATS_HEADERS, &idem) {
         let value = match value {
             CopyValue::Original(v) => v.to_owned(),
             CopyValue::Idem(v) => v,

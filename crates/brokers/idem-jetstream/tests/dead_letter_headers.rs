@@ -63,3 +63,71 @@ async fn a_multi_line_error_is_dead_lettered_single_line_and_consumption_goes_on
         "the body, escaped: {last}"
     );
 }
+
+#[tokio::test]
+async fn a_dead_letter_keeps_nats_control_headers_as_idem_original() {
+    let Some(f) = Fixture::new("deadcontrol").await else {
+        return;
+    };
+    let source = f.source(f.config()).await;
+    f.publish("paid", "order-1", &[], "{}").await;
+    // Valid when published: the stream's last sequence is 1. On the
+    // dead-letter stream, whose last sequence is 0, the same expectation
+    // would refuse every publish.
+    f.publish(
+        "paid",
+        "order-2",
+        &[("Nats-Expected-Last-Sequence", "1"), ("tenant", "acme")],
+        "{}",
+    )
+    .await;
+    let handler = |m: idem_consumer::Message, _claim: support::Claim| async move {
+        if m.id.as_deref() == Some("order-2") {
+            return Err(HandlerError::permanent("malformed order"));
+        }
+        done()
+    };
+    let running = spawn(Runner::new(
+        guard(Duration::from_secs(10)),
+        source.clone(),
+        handler,
+    ));
+    wait_until(Duration::from_secs(10), "the dead letter", || async {
+        f.js.get_stream(format!("{}_dead-letter", f.stream))
+            .await
+            .unwrap()
+            .info()
+            .await
+            .unwrap()
+            .state
+            .messages
+            == 1
+    })
+    .await;
+    wait_settled(&source).await;
+    let report = running.stop().await;
+
+    assert_eq!(report.dead_lettered, 1, "{report:?}");
+    let dead = f.dead_letters().await;
+    let h = |name: &str| {
+        dead[0]
+            .headers
+            .get_last(name)
+            .map(|v| v.as_str().to_owned())
+    };
+    assert_eq!(
+        h("idem-original-Nats-Expected-Last-Sequence").as_deref(),
+        Some("1"),
+        "kept, renamed"
+    );
+    assert_eq!(
+        h("Nats-Expected-Last-Sequence"),
+        None,
+        "not sent as a control"
+    );
+    assert_eq!(h("tenant").as_deref(), Some("acme"));
+    // The documented id handling holds beside the renaming.
+    assert_eq!(h("idem-message-id").as_deref(), Some("order-2"));
+    assert_eq!(h("idem-original-Nats-Msg-Id"), None);
+    assert_eq!(h("Nats-Msg-Id"), Some(format!("{}:2", f.stream)));
+}
