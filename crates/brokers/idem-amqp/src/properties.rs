@@ -5,6 +5,9 @@ use bytes::Bytes;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 
+/// AMQP's `delivery_mode` for a message written to disk.
+pub(crate) const PERSISTENT: u8 = 2;
+
 /// The header carrying how many handler attempts a message has used.
 pub(crate) const ATTEMPTS: &str = "idem-attempts";
 
@@ -57,7 +60,12 @@ pub(crate) fn attempts_made(props: &BasicProperties) -> u32 {
 
 /// A copy of `props` for republishing: every property kept except the
 /// expiration (replaced by `expiration`, or dropped so that a parked or
-/// requeued copy does not expire), with `set` headers added or replaced.
+/// requeued copy does not expire) and the delivery mode, with `set`
+/// headers added or replaced.
+///
+/// The copy is always persistent: the original is acked once the copy is
+/// confirmed, so a transient copy would make a broker restart lose a
+/// message the producer had handed over.
 pub(crate) fn republished(
     props: &BasicProperties,
     set: &[(&str, String)],
@@ -70,7 +78,9 @@ pub(crate) fn republished(
             AMQPValue::LongString(LongString::from(value.as_bytes())),
         );
     }
-    let mut out = BasicProperties::default().with_headers(headers);
+    let mut out = BasicProperties::default()
+        .with_headers(headers)
+        .with_delivery_mode(PERSISTENT);
     macro_rules! keep {
         ($($get:ident => $with:ident),* $(,)?) => {
             $(if let Some(v) = props.$get() { out = out.$with(v.clone()); })*
@@ -79,7 +89,6 @@ pub(crate) fn republished(
     keep!(
         content_type => with_content_type,
         content_encoding => with_content_encoding,
-        delivery_mode => with_delivery_mode,
         priority => with_priority,
         correlation_id => with_correlation_id,
         reply_to => with_reply_to,
@@ -134,5 +143,17 @@ mod tests {
         let delayed = republished(&props, &[], Some("500".into()));
         assert_eq!(delayed.expiration().as_ref().unwrap().as_str(), "500");
         assert_eq!(attempts_made(&delayed), 2);
+    }
+
+    #[test]
+    fn a_republished_copy_is_persistent_whatever_its_original() {
+        for original in [None, Some(1), Some(2)] {
+            let mut props = BasicProperties::default();
+            if let Some(mode) = original {
+                props = props.with_delivery_mode(mode);
+            }
+            let copy = republished(&props, &[(ATTEMPTS, "1".into())], None);
+            assert_eq!(copy.delivery_mode(), &Some(2), "original {original:?}");
+        }
     }
 }

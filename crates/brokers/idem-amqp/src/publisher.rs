@@ -4,7 +4,7 @@ use idem_consumer::Message;
 use lapin::BasicProperties;
 
 use crate::link::Link;
-use crate::properties::table;
+use crate::properties::{PERSISTENT, table};
 use crate::{AmqpConfig, ConnectError, PublishError};
 
 /// Publishes messages to the configured queue through the default exchange,
@@ -52,7 +52,7 @@ impl AmqpPublisher {
     /// guard absorbs the duplicate).
     pub async fn publish(&self, message: &Message) -> Result<(), PublishError> {
         let mut props = BasicProperties::default()
-            .with_delivery_mode(2)
+            .with_delivery_mode(PERSISTENT)
             .with_headers(table(&message.headers));
         if let Some(id) = &message.id {
             props = props.with_message_id(id.as_str().into());

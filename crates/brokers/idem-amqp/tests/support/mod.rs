@@ -12,9 +12,12 @@ use idem_consumer::{Handler, HandlerError, Message, Report, Runner};
 use idem_core::{Bytes, ClaimHandle, Store};
 use idem_testkit::services;
 use lapin::message::BasicGetMessage;
-use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -126,8 +129,83 @@ impl Inspect {
         }
     }
 
+    /// Publishes `message` to `queue` as a producer that does not ask for
+    /// persistence would (`delivery_mode` 1), confirmed.
+    pub async fn publish_transient(&self, queue: &str, message: &Message) {
+        let channel = self.connection.create_channel().await.unwrap();
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let mut headers = FieldTable::default();
+        for (name, value) in &message.headers {
+            headers.insert(
+                name.as_str().into(),
+                AMQPValue::LongString(value.to_vec().into()),
+            );
+        }
+        let mut props = BasicProperties::default()
+            .with_delivery_mode(1)
+            .with_headers(headers);
+        if let Some(id) = &message.id {
+            props = props.with_message_id(id.as_str().into());
+        }
+        let confirm = channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                &message.body,
+                props,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(confirm.is_ack(), "{queue} took the message");
+        let _ = channel.close(200, "OK".into()).await;
+    }
+
     pub async fn close(self) {
         let _ = self.connection.close(200, "OK".into()).await;
+    }
+}
+
+/// Stops the broker's application and starts it again at once, then waits
+/// until it accepts connections. Every connection to it is lost; durable
+/// queues keep their persistent messages and lose the others.
+///
+/// Other tests on the broker lose it meanwhile: the window is kept to the
+/// two commands, and this returns only once the broker is back.
+pub async fn restart_broker(url: &str) {
+    let stopped = rabbitmqctl_status(&["stop_app"]).await;
+    // Started again whatever happened, so that no failure leaves it down.
+    let started = rabbitmqctl_status(&["start_app"]).await;
+    let back = eventually(Duration::from_secs(60), || async {
+        match Connection::connect(url, ConnectionProperties::default()).await {
+            Ok(c) => {
+                let _ = c.close(200, "OK".into()).await;
+                true
+            }
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert!(stopped.is_ok(), "rabbitmqctl stop_app: {stopped:?}");
+    assert!(started.is_ok(), "rabbitmqctl start_app: {started:?}");
+    assert!(back, "the broker accepts connections again");
+}
+
+async fn rabbitmqctl_status(args: &[&str]) -> Result<(), String> {
+    let out = tokio::process::Command::new("rabbitmqctl")
+        .args(args)
+        .output()
+        .await
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
 }
 
