@@ -576,6 +576,21 @@ mod tests {
     }
 
     #[test]
+    fn the_lock_timeout_comes_out_of_the_url() {
+        let b = SqlStoreBuilder::new("mysql://root@h/test?lock_timeout=2s&ssl-mode=DISABLED");
+        assert_eq!(b.lock_timeout, Duration::from_secs(2));
+        assert_eq!(b.url, "mysql://root@h/test?ssl-mode=DISABLED");
+        let b = SqlStoreBuilder::new("postgres://u@h/db?lock_timeout=250ms");
+        assert_eq!(b.lock_timeout, Duration::from_millis(250));
+        assert_eq!(
+            SqlStoreBuilder::new("postgres://u@h/db").lock_timeout,
+            DEFAULT_LOCK_TIMEOUT
+        );
+        let b = SqlStoreBuilder::new("postgres://u@h/db?lock_timeout=soon");
+        assert!(matches!(b.check(), Err(OpenError::Config(m)) if m.contains("lock_timeout")));
+    }
+
+    #[test]
     fn passwords_are_never_shown() {
         assert_eq!(
             redacted("postgres://app:s3cret@db:5432/x?sslmode=require"),

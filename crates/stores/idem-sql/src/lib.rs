@@ -65,7 +65,7 @@ mod table;
 mod tests;
 mod transition;
 
-pub use builder::{OpenError, SqlStoreBuilder, redacted};
+pub use builder::{DEFAULT_LOCK_TIMEOUT, OpenError, SqlStoreBuilder, redacted};
 pub use inbox::{
     Claimed, DEFAULT_SWEEP_BATCH, Inbox, InboxError, InvalidIdentifier, SqlConnection,
 };
