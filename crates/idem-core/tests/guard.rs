@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use idem_core::{
     Disposition, Failure, Fingerprint, Guard, GuardError, Key, Lease, ManualClock, MemoryStore,
-    Record, Store,
+    Record, Store, StoreError,
 };
 use idem_testkit::faults::Switchable;
 use serde::{Deserialize, Serialize};
@@ -477,4 +477,138 @@ async fn completed_runs_release_nothing() {
         .run(&key("one-release"), None, |_| async { Err::<u32, _>("no") })
         .await;
     assert_eq!(count(&store.calls().release), 1);
+}
+
+/// `run_acquired` reckons the lease from when the claim's `begin` was sent:
+/// a claim begun just now is not lost while the handler runs; one begun
+/// most of a lease ago is reported lost at once, before the store's lease
+/// ends.
+#[tokio::test(start_paused = true)]
+async fn run_acquired_reckons_the_lease_from_its_begin() {
+    let store = MemoryStore::new();
+    let guard = Guard::new(store.clone()).lease(Lease::from_secs(30));
+    for (k, begun_ago, lost) in [("fresh", 0, false), ("old", 25, true)] {
+        let k = key(k);
+        let claim = idem_testkit::cases::acquired(
+            store.begin(&k, None, Lease::from_secs(30)).await.unwrap(),
+        );
+        let begun = tokio::time::Instant::now() - Duration::from_secs(begun_ago);
+        let seen = guard
+            .run_acquired(&idem_core::Json, &k, claim, begun, |claim| async move {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                Ok::<_, String>(claim.is_lost())
+            })
+            .await
+            .unwrap();
+        assert_eq!(seen, lost, "{k}");
+    }
+}
+
+/// The settings read back as set; the guard fails closed unless told.
+#[test]
+fn settings_read_back() {
+    let guard = Guard::new(MemoryStore::new());
+    assert!(!guard.fails_open());
+    assert_eq!(guard.lease_length(), Lease::from_secs(30));
+    let guard = guard.fail_open(true).lease(Lease::from_secs(5));
+    assert!(guard.fails_open());
+    assert_eq!(guard.lease_length(), Lease::from_secs(5));
+}
+
+/// What a consumer does with each error: a store that will not recover by
+/// itself (a corrupt record) dead-letters, an unreachable one retries.
+#[test]
+fn each_error_says_what_to_do_with_the_message() {
+    let cases: [(GuardError<String>, Disposition); 7] = [
+        (
+            GuardError::InProgress {
+                retry_after: Duration::from_secs(3),
+            },
+            Disposition::RetryLater {
+                after: Some(Duration::from_secs(3)),
+            },
+        ),
+        (GuardError::Mismatch, Disposition::DeadLetter),
+        (
+            GuardError::Handler("no".into()),
+            Disposition::RetryLater { after: None },
+        ),
+        (
+            GuardError::LeaseLost {
+                outcome: "1".into(),
+            },
+            Disposition::Ack,
+        ),
+        (
+            GuardError::Store(StoreError::unavailable("down")),
+            Disposition::RetryLater { after: None },
+        ),
+        (
+            GuardError::Store(StoreError::Corrupt("bad record".into())),
+            Disposition::DeadLetter,
+        ),
+        (
+            GuardError::Outcome("undecodable".into()),
+            Disposition::DeadLetter,
+        ),
+    ];
+    for (error, disposition) in cases {
+        assert_eq!(error.disposition(), disposition, "{error:?}");
+    }
+}
+
+/// Errors keep their cause: a reporter walking `source()` finds the
+/// handler's, the store's, the refused input's or the codec's error.
+#[test]
+fn errors_keep_their_cause() {
+    use std::error::Error;
+    let io = || std::io::Error::other("disk full");
+    let cause = |e: &GuardError<std::io::Error>| e.source().map(|s| s.to_string());
+    assert_eq!(
+        cause(&GuardError::Handler(io())),
+        Some("disk full".to_owned())
+    );
+    assert_eq!(
+        cause(&GuardError::Store(StoreError::unavailable(io()))),
+        Some(StoreError::unavailable(io()).to_string())
+    );
+    let refused = idem_core::InvalidInput::OutcomeTooLarge { len: 9, limit: 8 };
+    assert_eq!(
+        cause(&GuardError::Invalid(refused.clone())),
+        Some(refused.to_string())
+    );
+    assert_eq!(
+        cause(&GuardError::Outcome(io().into())),
+        Some("disk full".to_owned())
+    );
+    assert_eq!(cause(&GuardError::Mismatch), None);
+}
+
+/// The `Raw` codec stores the handler's bytes unchanged and gives them
+/// back to a duplicate; an outcome never stored reads as no bytes.
+#[tokio::test]
+async fn raw_outcomes_are_stored_and_returned_unchanged() {
+    use idem_core::{Bytes, Codec, Raw};
+    let store = MemoryStore::new();
+    let guard = Guard::new(store.clone());
+    let k = key("raw");
+    let payload = Bytes::from_static(b"\x00binary\xff");
+    for _delivery in 0..2 {
+        let got = guard
+            .run_with(
+                &Raw,
+                &k,
+                None,
+                |_| async { Ok::<_, String>(payload.clone()) },
+                |_| async {},
+            )
+            .await
+            .unwrap();
+        assert_eq!(got, payload);
+    }
+    let Some(Record::Completed(done)) = store.get(&k).await.unwrap() else {
+        panic!("completed");
+    };
+    assert_eq!(done.outcome, Some(payload));
+    assert_eq!(Codec::<Bytes>::decode(&Raw, None).unwrap(), Bytes::new());
 }
