@@ -176,9 +176,9 @@ impl fmt::Debug for AmqpConfig {
 }
 
 fn check_queue_name(name: &str) -> Result<(), ConfigError> {
-    // Retry queues add up to 12 bytes (`.retry.long`) to the name; AMQP
+    // Retry queues add up to 14 bytes (`.retry-v2.long`) to the name; AMQP
     // names are at most 255 bytes.
-    const LIMIT: usize = 255 - 12;
+    const LIMIT: usize = 255 - crate::delay::RETRY_INFIX.len() - crate::delay::LONGEST_SUFFIX.len();
     if name.is_empty() || name.len() > LIMIT {
         return Err(ConfigError::new(format!(
             "the queue name `{name}` is {} bytes; it must be 1 to {LIMIT}",
@@ -224,8 +224,8 @@ mod tests {
         assert_eq!(c.dead_letter_queue(), "orders.dead-letter");
         let queues = c.queues();
         assert_eq!(queues.len(), 2 + 17);
-        assert!(queues.contains(&"orders.retry.100ms".to_owned()));
-        assert!(queues.contains(&"orders.retry.long".to_owned()));
+        assert!(queues.contains(&"orders.retry-v2.100ms".to_owned()));
+        assert!(queues.contains(&"orders.retry-v2.long".to_owned()));
         assert_eq!(c.uri.query.heartbeat, Some(10));
         assert!(!format!("{c:?}").contains("secret"));
         let c = c.dead_letter("parked").concurrency(0);

@@ -1,12 +1,17 @@
 //! Delayed retry: one retry queue per delay bucket.
 //!
 //! RabbitMQ expires messages only at the head of a queue, so a long TTL
-//! would hold shorter ones queued behind it. Every message in a bucket's
-//! queue carries the bucket's own TTL, so the head always expires first and
+//! would hold shorter ones queued behind it. Each bucket's queue has its
+//! own message TTL (`x-message-ttl`), so the head always expires first and
 //! nothing waits longer than its bucket. A delay is rounded up to the next
 //! bucket (at most 2.5 times longer). Delays beyond the last bucket share the
-//! `long` queue with their exact TTL, and there a long one can hold shorter
-//! ones behind it (all of them over an hour).
+//! `long` queue with their exact TTL (the message's `expiration`), and there
+//! a long one can hold shorter ones behind it (all of them over an hour).
+//!
+//! Retry queues are quorum queues with at-least-once dead-lettering, named
+//! `<queue>.retry-v2.<bucket>`: the classic `<queue>.retry.<bucket>` queues
+//! of older versions cannot be declared again with these arguments, and
+//! under their own they still return what they hold to the work queue.
 
 use std::time::Duration;
 
@@ -30,22 +35,32 @@ const BUCKETS: [(u64, &str); 16] = [
     (3_600_000, "1h"),
 ];
 
+/// What a retry queue's name adds to its work queue's name, before the
+/// bucket.
+pub(crate) const RETRY_INFIX: &str = ".retry-v2.";
+
+/// The longest bucket suffix.
+pub(crate) const LONGEST_SUFFIX: &str = "long";
+
 /// Every retry queue of work queue `queue`.
 pub(crate) fn retry_queues(queue: &str) -> impl Iterator<Item = String> + '_ {
     BUCKETS
         .iter()
         .map(|(_, suffix)| *suffix)
-        .chain(["long"])
-        .map(move |suffix| format!("{queue}.retry.{suffix}"))
+        .chain([LONGEST_SUFFIX])
+        .map(move |suffix| format!("{queue}{RETRY_INFIX}{suffix}"))
 }
 
 /// Where a retry of a given delay waits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct RetryRoute {
-    /// The retry queue's name suffix (`<queue>.retry.<suffix>`).
+    /// The retry queue's name suffix (`<queue>.retry-v2.<suffix>`).
     pub(crate) suffix: &'static str,
-    /// The message's TTL in milliseconds.
+    /// How long the message waits, in milliseconds.
     pub(crate) ttl_ms: u64,
+    /// Whether the queue's own TTL is the wait (a bucket), or the message
+    /// carries it (`long`).
+    pub(crate) queue_ttl: bool,
 }
 
 impl RetryRoute {
@@ -53,17 +68,22 @@ impl RetryRoute {
     pub(crate) fn for_delay(delay: Duration) -> Self {
         let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
         match BUCKETS.iter().find(|(len, _)| *len >= ms) {
-            Some(&(ttl_ms, suffix)) => Self { suffix, ttl_ms },
+            Some(&(ttl_ms, suffix)) => Self {
+                suffix,
+                ttl_ms,
+                queue_ttl: true,
+            },
             None => Self {
-                suffix: "long",
+                suffix: LONGEST_SUFFIX,
                 ttl_ms: ms,
+                queue_ttl: false,
             },
         }
     }
 
     /// The retry queue for work queue `queue`.
     pub(crate) fn queue(&self, queue: &str) -> String {
-        format!("{queue}.retry.{}", self.suffix)
+        format!("{queue}{RETRY_INFIX}{}", self.suffix)
     }
 }
 
@@ -83,10 +103,12 @@ mod tests {
             route(3_600_001),
             RetryRoute {
                 suffix: "long",
-                ttl_ms: 3_600_001
+                ttl_ms: 3_600_001,
+                queue_ttl: false,
             }
         );
-        assert_eq!(route(750).queue("orders"), "orders.retry.1s");
+        assert!(route(3_600_000).queue_ttl);
+        assert_eq!(route(750).queue("orders"), "orders.retry-v2.1s");
         for pair in BUCKETS.windows(2) {
             assert!(pair[1].0 as f64 <= pair[0].0 as f64 * 2.5, "{pair:?}");
         }

@@ -36,8 +36,10 @@ pub enum ConnectError {
     /// A queue exists with arguments other than the ones idem declares.
     #[error(
         "queue `{queue}` exists with other arguments than idem declares ({reason}); \
-         delete it (`rabbitmqctl delete_queue {queue}`) when it is empty, or choose \
-         other names (the `queue` and `dead_letter` URL parameters)"
+         idem declares its dead-letter and retry queues as quorum queues (RabbitMQ 3.10 \
+         or later), so a classic one made by an older idem cannot be used: move its \
+         messages elsewhere (a shovel) and delete it (`rabbitmqctl delete_queue {queue}`), \
+         or choose other names (the `queue` and `dead_letter` URL parameters)"
     )]
     QueueArguments {
         /// The queue.

@@ -7,15 +7,16 @@
 //! - **ack**: `basic.ack`.
 //! - **retry**: a copy (body, properties and headers kept, `idem-attempts`
 //!   updated) is published with publisher confirms to a retry queue
-//!   `<queue>.retry.<bucket>`, and only then is the original acked: a crash
-//!   in between duplicates the message, never loses it, and the guard
-//!   absorbs the duplicate. The copy carries the bucket's TTL
-//!   (`expiration`), and the retry queue dead-letters expired messages back
-//!   to the work queue. One queue per delay bucket (100 ms to 1 h, each at
-//!   most 2.5 times the one before), delays rounded up: RabbitMQ expires
-//!   messages only at a queue's head, and with one TTL per queue a short
-//!   retry is never held behind a long one. Delays over an hour share the
-//!   `<queue>.retry.long` queue, where that can happen.
+//!   `<queue>.retry-v2.<bucket>`, and only then is the original acked: a
+//!   crash in between duplicates the message, never loses it, and the guard
+//!   absorbs the duplicate. Each retry queue has its bucket's message TTL
+//!   and dead-letters expired messages back to the work queue. One queue
+//!   per delay bucket (100 ms to 1 h, each at most 2.5 times the one
+//!   before), delays rounded up: RabbitMQ expires messages only at a
+//!   queue's head, and with one TTL per queue a short retry is never held
+//!   behind a long one. Delays over an hour share the
+//!   `<queue>.retry-v2.long` queue with their own TTL (`expiration`), where
+//!   that can happen.
 //! - **dead-letter**: a copy with `idem-key`, `idem-attempts` and
 //!   `idem-last-error` added is published to `<queue>.dead-letter` (or the
 //!   configured name), confirmed, then the original is acked.
@@ -23,6 +24,28 @@
 //!   with its count unchanged and acked, so that its redelivery does not
 //!   count an attempt (a `nack` with requeue would mark it redelivered);
 //!   `nack` with requeue is the fallback when republishing fails.
+//!
+//! Every copy is persistent (`delivery_mode` 2), whatever the original's
+//! mode: the original is acked once its copy is confirmed, so the copy is
+//! all that is left of the message.
+//!
+//! # Queues idem declares
+//!
+//! The retry and dead-letter queues are quorum queues (RabbitMQ 3.10 or
+//! later): durable, replicated in a cluster, and the retry queues move
+//! expired messages back to the work queue with at-least-once
+//! dead-lettering (`x-dead-letter-strategy=at-least-once`, which needs
+//! `x-overflow=reject-publish`; no length limit is set). A classic queue
+//! dead-letters at most once: a message can be lost on its way back. The
+//! work queue is the user's: one that exists is used as it is, a missing
+//! one is declared a durable classic queue.
+//!
+//! Older versions declared classic retry queues named `<queue>.retry.<bucket>`:
+//! they are left alone, still return what they hold to the work queue when
+//! its TTL ends, and can be deleted once empty (within the longest delay
+//! used). A classic dead-letter queue of an older version is refused at
+//! connect ([`ConnectError::QueueArguments`]): move its messages elsewhere
+//! and delete it, or name another one (`dead_letter=`).
 //!
 //! When a republish is not confirmed (a retry or dead-letter queue was
 //! deleted, the broker refused it), the original is handed back with a

@@ -78,27 +78,35 @@ impl Link {
         Ok(())
     }
 
-    /// The dead-letter queue, declared unless this connection did already.
+    /// The dead-letter queue, declared unless this connection did already:
+    /// a quorum queue, replicated where the broker is a cluster.
     pub(crate) async fn dead_letter_queue(&self) -> Result<String, ConnectError> {
         let name = self.config.dead_letter_queue();
-        self.ensure(&name, FieldTable::default()).await?;
+        let mut args = FieldTable::default();
+        args.insert("x-queue-type".into(), text("quorum"));
+        self.ensure(&name, args).await?;
         Ok(name)
     }
 
-    /// The retry queue for `route`, declared on first use: its expired
-    /// messages go back to the work queue.
+    /// The retry queue for `route`, declared on first use: a quorum queue
+    /// whose expired messages go back to the work queue. RabbitMQ moves
+    /// them with at-least-once dead-lettering (confirmed by the work queue
+    /// before they leave; a classic queue's dead-lettering may drop them),
+    /// which needs `x-overflow=reject-publish`; no length limit is set, so
+    /// nothing is refused for it.
     pub(crate) async fn retry_queue(&self, route: &RetryRoute) -> Result<String, ConnectError> {
         let queue = self.config.queue();
         let name = route.queue(queue);
         let mut args = FieldTable::default();
-        args.insert(
-            "x-dead-letter-exchange".into(),
-            AMQPValue::LongString(LongString::from("")),
-        );
-        args.insert(
-            "x-dead-letter-routing-key".into(),
-            AMQPValue::LongString(LongString::from(queue)),
-        );
+        args.insert("x-queue-type".into(), text("quorum"));
+        args.insert("x-dead-letter-exchange".into(), text(""));
+        args.insert("x-dead-letter-routing-key".into(), text(queue));
+        args.insert("x-dead-letter-strategy".into(), text("at-least-once"));
+        args.insert("x-overflow".into(), text("reject-publish"));
+        if route.queue_ttl {
+            let ttl = i64::try_from(route.ttl_ms).unwrap_or(i64::MAX);
+            args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(ttl));
+        }
         self.ensure(&name, args).await?;
         Ok(name)
     }
@@ -178,4 +186,8 @@ impl Link {
             None => Ok(()),
         }
     }
+}
+
+fn text(value: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(value))
 }

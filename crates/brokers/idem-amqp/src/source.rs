@@ -377,11 +377,10 @@ impl Source for AmqpSource {
             .retry_queue(&route)
             .await
             .map_err(|e| SourceError::new("retrying a message", e))?;
-        let props = republished(
-            &r.properties,
-            &[(ATTEMPTS, made.to_string())],
-            Some(route.ttl_ms.to_string()),
-        );
+        // A bucket's queue expires the copy; the `long` queue's copies
+        // carry their own TTL.
+        let expiration = (!route.queue_ttl).then(|| route.ttl_ms.to_string());
+        let props = republished(&r.properties, &[(ATTEMPTS, made.to_string())], expiration);
         move_to(
             r,
             "retrying a message",

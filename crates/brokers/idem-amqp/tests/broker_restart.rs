@@ -8,6 +8,7 @@
 
 mod support;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -124,6 +125,15 @@ async fn retries_and_dead_letters_of_transient_messages_survive_a_broker_restart
         inspect.ready_or_zero(&dead).await
     );
     assert!(report.fetch_errors >= 1, "the restart was seen: {report:?}");
+    let types = queue_types().await;
+    for q in retry_queues.iter().chain([&dead]) {
+        assert_eq!(types.get(q).map(String::as_str), Some("quorum"), "{q}");
+    }
+    assert_eq!(
+        types.get(&queue).map(String::as_str),
+        Some("classic"),
+        "the work queue is the user's: declared as before"
+    );
     inspect.delete(&queue).await;
     inspect.close().await;
 }
@@ -135,4 +145,26 @@ async fn waiting(inspect: &Inspect, queues: &[String]) -> u32 {
         n += inspect.ready_or_zero(q).await;
     }
     n
+}
+
+/// Each queue's type on the default vhost, as `rabbitmqctl` lists them.
+async fn queue_types() -> HashMap<String, String> {
+    let out = tokio::process::Command::new("rabbitmqctl")
+        .args([
+            "list_queues",
+            "--quiet",
+            "--no-table-headers",
+            "name",
+            "type",
+        ])
+        .output()
+        .await
+        .expect("rabbitmqctl runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let (name, kind) = line.split_once('\t')?;
+            Some((name.to_owned(), kind.trim().to_owned()))
+        })
+        .collect()
 }

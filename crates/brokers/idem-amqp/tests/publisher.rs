@@ -102,3 +102,37 @@ async fn a_dead_letter_queue_declared_with_other_arguments_is_named_with_the_fix
     inspect.delete(&queue).await;
     inspect.close().await;
 }
+
+#[tokio::test]
+async fn a_classic_dead_letter_queue_of_an_older_version_is_refused_with_how_to_migrate() {
+    let Some(url) = broker().await else { return };
+    let queue = unique("classic-dlq");
+    let inspect = Inspect::new(&url).await;
+    {
+        let c = lapin::Connection::connect(&url, Default::default())
+            .await
+            .unwrap();
+        let ch = c.create_channel().await.unwrap();
+        ch.queue_declare(
+            format!("{queue}.dead-letter").as_str().into(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+        let _ = c.close(200, "OK".into()).await;
+    }
+    let e = AmqpSource::connect(config(&url, &queue))
+        .await
+        .err()
+        .expect("refused");
+    let text = e.to_string();
+    assert!(matches!(e, ConnectError::QueueArguments { .. }), "{e:?}");
+    assert!(text.contains(&format!("`{queue}.dead-letter`")), "{text}");
+    assert!(
+        text.contains("quorum") && text.contains("move its messages"),
+        "{text}"
+    );
+    inspect.delete(&queue).await;
+    inspect.close().await;
+}

@@ -78,7 +78,7 @@ async fn a_handler_that_fails_twice_is_applied_once_after_the_backoff_delays() {
         Begin::Completed { .. }
     ));
     assert_eq!(inspect.ready(&queue).await, 0);
-    assert_eq!(inspect.ready(&format!("{queue}.retry.500ms")).await, 0);
+    assert_eq!(inspect.ready(&format!("{queue}.retry-v2.500ms")).await, 0);
     inspect.delete(&queue).await;
     inspect.close().await;
 }
@@ -182,7 +182,7 @@ async fn a_short_retry_is_not_held_behind_a_long_one() {
         "{calls:?}"
     );
     assert_eq!(
-        inspect.ready(&format!("{queue}.retry.20s")).await,
+        inspect.ready(&format!("{queue}.retry-v2.20s")).await,
         1,
         "{report:?}"
     );
