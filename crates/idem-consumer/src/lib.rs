@@ -66,6 +66,6 @@ pub use handler::{Handler, HandlerError};
 pub use key::{KeyFrom, KeyFromError};
 pub use memory::MemorySource;
 pub use message::{Delivery, Message};
-pub use runner::{Report, RunError, Runner};
+pub use runner::{Readiness, Report, RunError, Runner};
 pub use source::{Capabilities, DeadLetter, RetryReason, Source, SourceError};
 pub use timed::{AckTimes, Timed};

@@ -164,6 +164,10 @@ pub struct FileSettings {
     pub retry_max_ms: Option<u64>,
     /// `consume` only.
     pub retry: Option<String>,
+    /// `consume` only.
+    pub pause_status: Option<String>,
+    /// `consume` only.
+    pub dead_letter_status: Option<String>,
 }
 
 /// `[[auth]]` in the file.

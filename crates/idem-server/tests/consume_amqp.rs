@@ -236,3 +236,13 @@ fn an_unreachable_broker_exits_1_with_one_line_naming_it_without_the_password() 
     assert!(err.contains("unreachable at 127.0.0.1:1"), "{err}");
     assert!(!err.contains("s3cret"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_answers_late_bodies_problems_and_refusals() {
+    let Some(rabbit) = Rabbit::new("answers").await else {
+        return;
+    };
+    let (url, queue) = (rabbit.url.clone(), rabbit.queue.clone());
+    consume::handler_answers(rabbit).await;
+    Rabbit::delete(url, queue).await;
+}

@@ -135,3 +135,10 @@ async fn a_sidecar_killed_before_its_commit_replays_and_the_guard_absorbs_it() {
         consume::killed_before_commit_replays_as_duplicates(b, &never_commit).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_answers_late_bodies_problems_and_refusals() {
+    if let Some(b) = Kafka::new("answers").await {
+        consume::handler_answers(b).await;
+    }
+}

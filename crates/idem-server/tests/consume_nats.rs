@@ -129,3 +129,11 @@ async fn nats_sigterm_finishes_work_in_flight() {
     };
     consume::sigterm_finishes_work_in_flight(nats).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_handler_answers_late_bodies_problems_and_refusals() {
+    let Some(nats) = Nats::new("answers").await else {
+        return;
+    };
+    consume::handler_answers(nats).await;
+}

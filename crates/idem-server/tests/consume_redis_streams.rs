@@ -152,3 +152,10 @@ async fn sigterm_finishes_the_handler_in_flight_and_acks() {
         consume::sigterm_finishes_work_in_flight(b).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_answers_late_bodies_problems_and_refusals() {
+    if let Some(b) = RedisStreams::new().await {
+        consume::handler_answers(b).await;
+    }
+}

@@ -139,3 +139,11 @@ async fn rocketmq_sigterm_finishes_work_in_flight() {
     };
     consume::sigterm_finishes_work_in_flight(broker).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rocketmq_handler_answers_late_bodies_problems_and_refusals() {
+    let Some(broker) = RocketMq::new("answers").await else {
+        return;
+    };
+    consume::handler_answers(broker).await;
+}

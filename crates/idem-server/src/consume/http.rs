@@ -1,6 +1,6 @@
 //! The handler `idem consume` runs: a POST to the user's HTTP endpoint.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode, Uri, header};
@@ -8,30 +8,98 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use idem_consumer::copy::header_text;
 use idem_consumer::{Handler, HandlerError, Message};
 use idem_core::ClaimHandle;
+use idem_http::gateway::ReleasePolicy;
 use serde_json::json;
 
 /// POSTs each message to `to` and reads the answer (docs/contract.md §7:
 /// the handler gets the key and the fencing token, so it can refuse a
 /// second effect itself).
 ///
-/// - 2xx: success; the status and body become the stored outcome;
-/// - 408, 409, 423, 425, 429, 5xx, a timeout, a refused connection: a
-///   transient failure, retried with backoff, no sooner than `Retry-After`
-///   (seconds) when the answer has one;
-/// - any other status: a permanent failure, dead-lettered at once.
+/// - 2xx: success; the status and body become the stored outcome. The
+///   effect happened once the head has arrived: the body gets a bound of
+///   its own, and a body that never completes is stored as omitted;
+/// - a status in [`Statuses::pause`] (401, 403, 404, 405, 407 by
+///   default): the handler is misconfigured, consumption pauses
+///   ([`HandlerError::pause`]);
+/// - a status in [`Statuses::dead_letter`] (the other 4xx by default): a
+///   permanent failure, dead-lettered at once;
+/// - any other status (408, 409, 423, 425, 429, 5xx by default), no head
+///   within the timeout, a refused connection: a transient failure, retried
+///   with backoff, no sooner than `Retry-After` (seconds or an HTTP date,
+///   capped).
 pub struct HttpHandler {
     client: Client<HttpConnector, Full<Bytes>>,
     to: Uri,
+    /// How long the answer's head may take, and then its body.
     timeout: Duration,
     /// Largest answer body kept in the outcome; a larger one is recorded
     /// by its size only.
     max_body: usize,
+    statuses: Statuses,
+    /// The longest `Retry-After` honoured.
+    max_retry_after: Duration,
+}
+
+/// Which handler statuses pause consumption and which dead-letter, written
+/// as the gateway writes status lists (`401,403,404-405`, `none`).
+#[derive(Clone, Debug)]
+pub struct Statuses {
+    /// Statuses that say the handler is misconfigured.
+    pub pause: ReleasePolicy,
+    /// Statuses that say the message can never succeed.
+    pub dead_letter: ReleasePolicy,
+}
+
+/// `--pause-status` by default.
+pub const DEFAULT_PAUSE_STATUS: &str = "401,403-405,407";
+/// `--dead-letter-status` by default: every 4xx that neither pauses nor
+/// says "try again later" (408, 409, 423, 425, 429).
+pub const DEFAULT_DEAD_LETTER_STATUS: &str = "400,402,406,410-422,424,426-428,430-499";
+
+impl Default for Statuses {
+    fn default() -> Self {
+        Self {
+            pause: DEFAULT_PAUSE_STATUS.parse().expect("a valid list"),
+            dead_letter: DEFAULT_DEAD_LETTER_STATUS.parse().expect("a valid list"),
+        }
+    }
+}
+
+/// What a handler's status calls for.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    Done,
+    Pause,
+    DeadLetter,
+    Retry,
+}
+
+impl Statuses {
+    fn verdict(&self, status: StatusCode) -> Verdict {
+        // `ReleasePolicy::releases` reads as "is in the list" here.
+        if status.is_success() {
+            Verdict::Done
+        } else if self.pause.releases(status) {
+            Verdict::Pause
+        } else if self.dead_letter.releases(status) {
+            Verdict::DeadLetter
+        } else {
+            Verdict::Retry
+        }
+    }
 }
 
 impl HttpHandler {
-    pub fn new(to: Uri, timeout: Duration, max_body: usize) -> Self {
+    pub fn new(
+        to: Uri,
+        timeout: Duration,
+        max_body: usize,
+        statuses: Statuses,
+        max_retry_after: Duration,
+    ) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         Self {
@@ -41,6 +109,8 @@ impl HttpHandler {
             to,
             timeout,
             max_body,
+            statuses,
+            max_retry_after,
         }
     }
 
@@ -71,7 +141,7 @@ impl HttpHandler {
                     headers.append(http_name, value);
                 }
                 _ => tracing::debug!(
-                    header = %name,
+                    header = %header_text(name),
                     "a broker header that is not a valid HTTP header was left out"
                 ),
             }
@@ -80,19 +150,32 @@ impl HttpHandler {
             .body(Full::new(message.body.clone()))
             .expect("the parts are valid")
     }
+
+    /// The answer's body, within the size limit and a timeout of its own:
+    /// `Err` says why it is missing.
+    async fn body(&self, body: hyper::body::Incoming) -> Result<Bytes, String> {
+        match tokio::time::timeout(self.timeout, Limited::new(body, self.max_body).collect()).await
+        {
+            Err(_) => Err(format!(
+                "the body did not arrive within {} ms",
+                self.timeout.as_millis()
+            )),
+            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+                Err("larger than the outcome limit".to_owned())
+            }
+            Ok(Err(e)) => Err(format!("the body broke off: {}", error_chain(e.as_ref()))),
+            Ok(Ok(b)) => Ok(b.to_bytes()),
+        }
+    }
 }
 
 impl Handler for HttpHandler {
     async fn handle(&self, message: Message, claim: ClaimHandle) -> Result<Bytes, HandlerError> {
         let request = self.request(&message, &claim);
-        let answer = tokio::time::timeout(self.timeout, async {
-            let response = self.client.request(request).await?;
-            let (parts, body) = response.into_parts();
-            let body = Limited::new(body, self.max_body).collect().await;
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>((parts, body.map(|b| b.to_bytes())))
-        })
-        .await;
-        let (parts, body) = match answer {
+        // The timeout covers the head: once a 2xx head is here, the effect
+        // has happened, whatever becomes of the body.
+        let response = match tokio::time::timeout(self.timeout, self.client.request(request)).await
+        {
             Err(_) => {
                 return Err(HandlerError::transient(format!(
                     "{} did not answer within {} ms",
@@ -104,61 +187,65 @@ impl Handler for HttpHandler {
                 return Err(HandlerError::transient(format!(
                     "cannot reach {}: {}",
                     self.to,
-                    error_chain(e.as_ref())
+                    error_chain(&e)
                 )));
             }
-            Ok(Ok(answer)) => answer,
+            Ok(Ok(response)) => response,
         };
+        let (parts, body) = response.into_parts();
         let status = parts.status;
-        if status.is_success() {
-            return Ok(outcome(status, &parts.headers, body.ok()));
+        let verdict = self.statuses.verdict(status);
+        let body = self.body(body).await;
+        if verdict == Verdict::Done {
+            if let Err(why) = &body
+                && why.starts_with("the body")
+            {
+                tracing::warn!(to = %self.to, status = status.as_u16(), reason = %why, "the handler succeeded; its answer's body is stored as omitted");
+            }
+            return Ok(outcome(status, &parts.headers, body));
         }
         let text = body
             .ok()
             .map(|b| String::from_utf8_lossy(&b[..b.len().min(200)]).into_owned())
             .unwrap_or_default();
         let why = format!("{} answered {status}: {}", self.to, text.trim());
-        if is_transient(status) {
-            let mut e = HandlerError::transient(why);
-            if let Some(after) = retry_after(&parts.headers) {
-                e = e.retry_after(after);
+        match verdict {
+            Verdict::Pause => Err(HandlerError::pause(why)),
+            Verdict::DeadLetter => Err(HandlerError::permanent(why)),
+            Verdict::Retry | Verdict::Done => {
+                let mut e = HandlerError::transient(why);
+                if let Some(after) = retry_after(&parts.headers, SystemTime::now()) {
+                    e = e.retry_after(after.min(self.max_retry_after));
+                }
+                Err(e)
             }
-            Err(e)
-        } else {
-            Err(HandlerError::permanent(why))
         }
     }
 }
 
-fn is_transient(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 408 | 409 | 423 | 425 | 429) || status.is_server_error()
-}
-
-/// `Retry-After` in seconds (the HTTP-date form is not read).
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    headers
-        .get(header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse::<u64>()
-        .ok()
-        .map(Duration::from_secs)
+/// `Retry-After` in seconds or as an HTTP date (a date in the past is no
+/// wait).
+fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let text = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(seconds) = text.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(text).ok()?;
+    Some(at.duration_since(now).unwrap_or_default())
 }
 
 /// The stored outcome: `{"status": 200, "body": …}`, the body as JSON when
 /// the answer is JSON, as text when it is UTF-8, in base64 otherwise; a body
-/// over the size limit is recorded by its size only.
-fn outcome(status: StatusCode, headers: &HeaderMap, body: Option<Bytes>) -> Bytes {
+/// over the size limit, or one that did not arrive, is recorded as omitted
+/// with the reason.
+fn outcome(status: StatusCode, headers: &HeaderMap, body: Result<Bytes, String>) -> Bytes {
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
     let value = match body {
-        None => {
-            json!({ "status": status.as_u16(), "body_omitted": "larger than the outcome limit" })
-        }
-        Some(b) if b.is_empty() => json!({ "status": status.as_u16() }),
-        Some(b) => {
+        Err(why) => json!({ "status": status.as_u16(), "body_omitted": why }),
+        Ok(b) if b.is_empty() => json!({ "status": status.as_u16() }),
+        Ok(b) => {
             let parsed = content_type
                 .filter(|t| t.contains("json"))
                 .and_then(|_| serde_json::from_slice::<serde_json::Value>(&b).ok());
@@ -192,13 +279,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn statuses_map_to_retry_or_dead_letter() {
-        for s in [408, 409, 423, 425, 429, 500, 502, 503] {
-            assert!(is_transient(StatusCode::from_u16(s).unwrap()), "{s}");
+    fn statuses_map_to_done_pause_retry_or_dead_letter() {
+        let statuses = Statuses::default();
+        let verdict = |s: u16| statuses.verdict(StatusCode::from_u16(s).unwrap());
+        for s in [200, 201, 204] {
+            assert_eq!(verdict(s), Verdict::Done, "{s}");
         }
-        for s in [400, 401, 403, 404, 410, 413, 422, 301] {
-            assert!(!is_transient(StatusCode::from_u16(s).unwrap()), "{s}");
+        for s in [401, 403, 404, 405, 407] {
+            assert_eq!(verdict(s), Verdict::Pause, "{s}");
         }
+        for s in [408, 409, 423, 425, 429, 500, 502, 503, 301] {
+            assert_eq!(verdict(s), Verdict::Retry, "{s}");
+        }
+        for s in [400, 402, 406, 410, 413, 422, 424, 426, 499] {
+            assert_eq!(verdict(s), Verdict::DeadLetter, "{s}");
+        }
+        let chosen = Statuses {
+            pause: "none".parse().unwrap(),
+            dead_letter: "400-499".parse().unwrap(),
+        };
+        assert_eq!(
+            chosen.verdict(StatusCode::UNAUTHORIZED),
+            Verdict::DeadLetter
+        );
     }
 
     #[test]
@@ -211,34 +314,49 @@ mod tests {
         let o = outcome(
             StatusCode::CREATED,
             &json_headers,
-            Some(Bytes::from_static(b"{\"id\":7}")),
+            Ok(Bytes::from_static(b"{\"id\":7}")),
         );
         assert_eq!(o, r#"{"body":{"id":7},"status":201}"#);
         let o = outcome(
             StatusCode::OK,
             &HeaderMap::new(),
-            Some(Bytes::from_static(b"ok")),
+            Ok(Bytes::from_static(b"ok")),
         );
         assert_eq!(o, r#"{"body":"ok","status":200}"#);
         let o = outcome(
             StatusCode::OK,
             &HeaderMap::new(),
-            Some(Bytes::from_static(&[0xff, 0])),
+            Ok(Bytes::from_static(&[0xff, 0])),
         );
         assert_eq!(o, r#"{"body_base64":"/wA=","status":200}"#);
-        let o = outcome(StatusCode::NO_CONTENT, &HeaderMap::new(), None);
-        assert!(o.starts_with(b"{\"body_omitted\""));
+        let o = outcome(
+            StatusCode::OK,
+            &HeaderMap::new(),
+            Err("the body did not arrive within 1000 ms".into()),
+        );
+        assert_eq!(
+            o,
+            r#"{"body_omitted":"the body did not arrive within 1000 ms","status":200}"#
+        );
     }
 
     #[test]
-    fn retry_after_reads_seconds() {
+    fn retry_after_reads_seconds_and_http_dates() {
+        let now = httpdate::parse_http_date("Wed, 21 Oct 2015 07:28:00 GMT").unwrap();
         let mut h = HeaderMap::new();
         h.insert(header::RETRY_AFTER, HeaderValue::from_static("3"));
-        assert_eq!(retry_after(&h), Some(Duration::from_secs(3)));
+        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(3)));
         h.insert(
             header::RETRY_AFTER,
-            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+            HeaderValue::from_static("Wed, 21 Oct 2015 07:30:00 GMT"),
         );
-        assert_eq!(retry_after(&h), None);
+        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(120)));
+        h.insert(
+            header::RETRY_AFTER,
+            HeaderValue::from_static("Wed, 21 Oct 2015 07:00:00 GMT"),
+        );
+        assert_eq!(retry_after(&h, now), Some(Duration::ZERO));
+        h.insert(header::RETRY_AFTER, HeaderValue::from_static("soon"));
+        assert_eq!(retry_after(&h, now), None);
     }
 }

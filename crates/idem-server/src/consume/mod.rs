@@ -4,16 +4,18 @@ mod http;
 mod sources;
 
 use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use ::http::Uri;
+use ::http::{StatusCode, Uri};
 use clap::Args;
-use idem_consumer::{Backoff, KeyFrom, Report, Runner, Source};
+use idem_consumer::{Backoff, KeyFrom, Readiness, Report, Runner, Source};
 use idem_core::{Guard, Lease, Namespace, SharedStore};
+use idem_http::gateway::ReleasePolicy;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tokio_util::sync::CancellationToken;
 
-use self::http::HttpHandler;
+use self::http::{DEFAULT_DEAD_LETTER_STATUS, DEFAULT_PAUSE_STATUS, HttpHandler, Statuses};
 use crate::config::{FileSettings, StoreArgs, StoreSettings, bad, read_file, resolve_store};
 use crate::{Failure, init_logging, shutdown_signal, store_url};
 
@@ -55,7 +57,7 @@ pub struct ConsumeArgs {
     /// RocketMQ: `%DLQ%GROUP`].
     #[arg(long, env = "IDEM_DEAD_LETTER", value_name = "NAME")]
     pub dead_letter: Option<String>,
-    /// Serve Prometheus metrics (GET /metrics) and GET /health on this
+    /// Serve Prometheus metrics (GET /metrics), GET /health and GET /ready on this
     /// address, e.g. 127.0.0.1:9464 [default: off].
     #[arg(long, env = "IDEM_METRICS_LISTEN", value_name = "ADDR")]
     pub metrics_listen: Option<String>,
@@ -81,6 +83,17 @@ pub struct ConsumeArgs {
     /// key), keeping their order [default: redeliver].
     #[arg(long, env = "IDEM_RETRY", value_name = "MODE")]
     pub retry: Option<String>,
+    /// Handler statuses that mean it is misconfigured (a wrong URL, a
+    /// refused credential): consumption pauses with backoff, the message
+    /// waits without counting an attempt, GET /ready answers 503 until a
+    /// call succeeds; `none` for no such status [default: 401,403-405,407].
+    #[arg(long, env = "IDEM_PAUSE_STATUS", value_name = "LIST")]
+    pub pause_status: Option<String>,
+    /// Handler statuses that dead-letter the message at once; any other
+    /// non-2xx status is retried with backoff [default:
+    /// 400,402,406,410-422,424,426-428,430-499].
+    #[arg(long, env = "IDEM_DEAD_LETTER_STATUS", value_name = "LIST")]
+    pub dead_letter_status: Option<String>,
     #[command(flatten)]
     pub store: StoreArgs,
 }
@@ -91,9 +104,14 @@ headers Idempotency-Key: KEY, Idem-Fencing-Token: TOKEN and Idem-Attempt: N; bro
 travel as Idem-Header-NAME.
 
 The answer decides: 2xx completes the key (status and body are the stored outcome) and acks the \
-message; 408, 409, 423, 425, 429, 5xx, a timeout or a refused connection release the key and \
-retry the message later with backoff (no sooner than Retry-After); any other status dead-letters \
-it at once. A duplicate of a completed message is acked without calling the handler. A \
+message; the effect counts as done once a 2xx head arrives (the body gets its own --timeout-ms, \
+and a body that never arrives is stored as omitted). 401, 403, 404, 405 and 407 \
+(--pause-status) say the handler is misconfigured: consumption pauses with backoff, the message \
+waits without using an attempt, and GET /ready on --metrics-listen answers 503 until a call \
+succeeds. Other 4xx (--dead-letter-status) dead-letter the message at once. 408, 409, 423, 425, \
+429, 5xx, no answer head within --timeout-ms, or a refused connection release the key and retry \
+the message later with backoff (no sooner than Retry-After, in seconds or as an HTTP date, at \
+most --retry-max-ms). A duplicate of a completed message is acked without calling the handler. A \
 dead-lettered message keeps its body and headers and gets idem-key, idem-attempts and \
 idem-last-error.
 
@@ -118,6 +136,7 @@ struct Settings {
     grace: Duration,
     backoff: Backoff,
     blocking: bool,
+    statuses: Statuses,
     store: StoreSettings,
 }
 
@@ -210,6 +229,27 @@ fn resolve(args: ConsumeArgs, file: &FileSettings) -> Result<Settings, crate::co
             ));
         }
     };
+    let status_list = |flag: Option<String>, file: Option<String>, default: &str, field| {
+        flag.or(file)
+            .as_deref()
+            .unwrap_or(default)
+            .parse::<ReleasePolicy>()
+            .map_err(|e| bad(field, e.to_string()))
+    };
+    let statuses = Statuses {
+        pause: status_list(
+            args.pause_status,
+            file.pause_status.clone(),
+            DEFAULT_PAUSE_STATUS,
+            "pause_status",
+        )?,
+        dead_letter: status_list(
+            args.dead_letter_status,
+            file.dead_letter_status.clone(),
+            DEFAULT_DEAD_LETTER_STATUS,
+            "dead_letter_status",
+        )?,
+    };
     Ok(Settings {
         from,
         to,
@@ -227,6 +267,7 @@ fn resolve(args: ConsumeArgs, file: &FileSettings) -> Result<Settings, crate::co
             jitter: 0.5,
         },
         blocking,
+        statuses,
         store: resolve_store(args.store, file)?,
     })
 }
@@ -255,8 +296,9 @@ pub async fn run(args: ConsumeArgs) -> Result<(), Failure> {
             shutdown.cancel();
         });
     }
+    let readiness = Arc::new(OnceLock::new());
     if let Some(addr) = settings.metrics_listen {
-        serve_metrics(addr, metrics, shutdown.clone()).await?;
+        serve_metrics(addr, metrics, readiness.clone(), shutdown.clone()).await?;
     }
     let job = Job {
         guard: Guard::new(store.store.clone())
@@ -266,7 +308,10 @@ pub async fn run(args: ConsumeArgs) -> Result<(), Failure> {
             settings.to.clone(),
             settings.timeout,
             settings.store.limits.max_outcome_bytes.saturating_sub(64),
+            settings.statuses,
+            settings.backoff.max,
         ),
+        readiness,
         to: settings.to.to_string(),
         namespace: settings.namespace,
         key: settings.key,
@@ -308,6 +353,8 @@ pub struct Job {
     /// compares it).
     pub lease: Duration,
     shutdown: CancellationToken,
+    /// The runner's readiness, for GET /ready, once it runs.
+    readiness: Arc<OnceLock<Readiness>>,
 }
 
 impl Job {
@@ -325,6 +372,7 @@ impl Job {
         if let Some(ns) = self.namespace {
             runner = runner.namespace(ns);
         }
+        let _ = self.readiness.set(runner.readiness());
         tracing::info!(source = %name, to = %self.to, store = %self.store, "starting idem consume");
         // Tests and scripts wait for this line.
         println!("idem consume ready: {name} -> {}", self.to);
@@ -338,6 +386,7 @@ impl Job {
 async fn serve_metrics(
     addr: SocketAddr,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
+    readiness: Arc<OnceLock<Readiness>>,
     shutdown: CancellationToken,
 ) -> Result<(), Failure> {
     let listener = tokio::net::TcpListener::bind(addr)
@@ -348,7 +397,21 @@ async fn serve_metrics(
             "/metrics",
             axum::routing::get(move || std::future::ready(metrics.render())),
         )
-        .route("/health", axum::routing::get(|| std::future::ready("ok")));
+        .route("/health", axum::routing::get(|| std::future::ready("ok")))
+        .route(
+            "/ready",
+            axum::routing::get(move || {
+                let answer = match readiness.get() {
+                    None => (StatusCode::SERVICE_UNAVAILABLE, "starting"),
+                    Some(r) if r.is_ready() => (StatusCode::OK, "ready"),
+                    Some(_) => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "paused: the handler refuses messages (see the log)",
+                    ),
+                };
+                std::future::ready(answer)
+            }),
+        );
     tokio::spawn(async move {
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(async move { shutdown.cancelled().await })

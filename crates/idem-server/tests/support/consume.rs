@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use idem_consumer::{HandlerError, KeyFrom, Message, Runner, Source};
 use idem_core::{Begin, ClaimHandle, Guard, Key, Lease, Store};
@@ -64,13 +65,18 @@ struct Ledger {
     applied: HashMap<String, u64>,
     /// Calls started, per key (for the slow and failing behaviours).
     started: HashMap<String, u32>,
+    /// When each key's first call came.
+    first_call: HashMap<String, Instant>,
 }
 
 /// The business system: an HTTP endpoint for `idem consume` and a function
 /// for the library runner, with one ledger. What it does depends on the
 /// key's prefix: `fail2-` fails (503) twice then succeeds, `always-` always
-/// fails (500), `bad-` is refused (422), `slow-` takes 2 s; anything else
-/// succeeds after a short pause.
+/// fails (500), `bad-` is refused (422), `slow-` takes 2 s; over HTTP only,
+/// `problem-` is refused with a multi-line problem body (422), `auth-` is
+/// refused as unauthorized (401) for its first 2 s, and `late-` answers
+/// 200 at once and sends its body 2.5 s later; anything else succeeds after
+/// a short pause.
 #[derive(Clone, Default)]
 pub struct Sink {
     ledger: Arc<Mutex<Ledger>>,
@@ -96,18 +102,25 @@ impl Sink {
         attempt: u32,
         by: &'static str,
     ) -> StatusCode {
-        let n = {
+        let (n, since_first) = {
             let mut l = self.ledger.lock();
             let n = l.started.entry(key.to_owned()).or_default();
             *n += 1;
-            *n
+            let n = *n;
+            let first = *l
+                .first_call
+                .entry(key.to_owned())
+                .or_insert_with(Instant::now);
+            (n, first.elapsed())
         };
         let status = if key.starts_with("fail2-") && n <= 2 {
             StatusCode::SERVICE_UNAVAILABLE
         } else if key.starts_with("always-") {
             StatusCode::INTERNAL_SERVER_ERROR
-        } else if key.starts_with("bad-") {
+        } else if key.starts_with("bad-") || key.starts_with("problem-") {
             StatusCode::UNPROCESSABLE_ENTITY
+        } else if key.starts_with("auth-") && since_first < Duration::from_secs(2) {
+            StatusCode::UNAUTHORIZED
         } else {
             let pause = if key.starts_with("slow-") { 2000 } else { 1 };
             tokio::time::sleep(Duration::from_millis(pause)).await;
@@ -145,7 +158,7 @@ impl Sink {
     }
 }
 
-async fn http_handle(State(sink): State<Sink>, headers: HeaderMap, _body: Bytes) -> StatusCode {
+async fn http_handle(State(sink): State<Sink>, headers: HeaderMap, _body: Bytes) -> Response {
     let text = |name: &str| {
         headers
             .get(name)
@@ -153,13 +166,26 @@ async fn http_handle(State(sink): State<Sink>, headers: HeaderMap, _body: Bytes)
             .map(str::to_owned)
     };
     let Some(key) = text("idempotency-key") else {
-        return StatusCode::BAD_REQUEST;
+        return StatusCode::BAD_REQUEST.into_response();
     };
     let token = text("idem-fencing-token").and_then(|t| t.parse().ok());
     let attempt = text("idem-attempt")
         .and_then(|t| t.parse().ok())
         .unwrap_or(0);
-    sink.handle(&key, token, attempt, "sidecar").await
+    let status = sink.handle(&key, token, attempt, "sidecar").await;
+    if key.starts_with("problem-") {
+        let body = "{\r\n  \"type\": \"https://example.com/out-of-stock\",\n  \"title\": \"Out of stock\"\u{1}KEYS\u{2}x\n}";
+        return (status, [("content-type", "application/problem+json")], body).into_response();
+    }
+    if key.starts_with("late-") {
+        // The head goes now; the body 2.5 s later.
+        let body = futures_util::stream::once(async {
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            Ok::<_, std::io::Error>(Bytes::from_static(b"{\"receipt\":1}"))
+        });
+        return (status, axum::body::Body::from_stream(body)).into_response();
+    }
+    status.into_response()
 }
 
 /// A running `idem consume`.
@@ -573,6 +599,92 @@ pub async fn killed_before_commit_replays_as_duplicates(broker: impl Broker, nev
     assert_eq!(count("handled"), 0.0);
     assert_eq!(sink.calls().len(), total, "no effect twice");
     assert_eq!(second.terminate().await, 0);
+}
+
+/// How `idem consume` reads its handler's answers (`--timeout-ms 1000`,
+/// `--max-attempts 2`):
+/// - a 200 whose body comes 2.5 s after its head counts as done: one call,
+///   acked, not retried;
+/// - a 422 with a multi-line problem body (CR, LF and RocketMQ's property
+///   separators in it) is dead-lettered with a one-line `idem-last-error`,
+///   and the sidecar goes on;
+/// - a 401 pauses consumption without using attempts: GET /ready answers
+///   503 meanwhile, the message is handled once the handler takes it, with
+///   `Idem-Attempt: 1`, and nothing else is dead-lettered.
+pub async fn handler_answers(broker: impl Broker) {
+    let Some((_store, store_url)) = store().await else {
+        return;
+    };
+    let sink = Sink::default();
+    let to = sink.serve().await;
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let sidecar = start(&args(
+        &broker,
+        &to,
+        &store_url,
+        &[
+            "--timeout-ms",
+            "1000",
+            "--max-attempts",
+            "2",
+            "--metrics-listen",
+            &metrics,
+        ],
+    ))
+    .await;
+    broker
+        .publish(&messages([
+            "late-a".into(),
+            "problem-b".into(),
+            "auth-c".into(),
+        ]))
+        .await;
+    let ready = format!("http://{metrics}/ready");
+    let mut paused_seen = false;
+    wait_for(
+        "the handler's answers",
+        Duration::from_secs(60),
+        async || {
+            if super::get(&ready).await.status == 503 {
+                paused_seen = true;
+            }
+            sink.applied() == 2 && broker.dead_letters().await.len() == 1
+        },
+    )
+    .await;
+    assert!(paused_seen, "GET /ready answered 503 while paused");
+    wait_for("a drained broker", Duration::from_secs(30), async || {
+        broker.drained().await
+    })
+    .await;
+    assert_eq!(super::get(&ready).await.status, 200, "ready again");
+    assert_eq!(sidecar.terminate().await, 0);
+
+    assert_eq!(
+        sink.calls_for("late-a").len(),
+        1,
+        "a 2xx head is the effect, whenever its body comes"
+    );
+    let auth = sink.calls_for("auth-c");
+    assert!(auth.len() >= 2, "{auth:?}");
+    assert!(
+        auth.iter().all(|c| c.attempt == 1),
+        "refusals as unauthorized use no attempt: {auth:?}"
+    );
+    let dead = broker.dead_letters().await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    let (headers, _) = &dead[0];
+    assert_eq!(headers["idem-key"], "problem-b");
+    let last_error = &headers["idem-last-error"];
+    assert!(last_error.contains("422"), "{headers:?}");
+    assert!(
+        !last_error.chars().any(char::is_control),
+        "one line, no separators: {last_error:?}"
+    );
+    assert!(
+        !headers.contains_key("keys"),
+        "no injected property: {headers:?}"
+    );
 }
 
 fn free_port() -> u16 {
