@@ -287,7 +287,7 @@ async fn explain(
     rows.iter().map(PlanRow::of).collect()
 }
 
-async fn drop_tables(store: &SqlStore, url: &str, table: &str) {
+pub(super) async fn drop_tables(store: &SqlStore, url: &str, table: &str) {
     let schema = format!("{}_schema", store.tables().prefix());
     let q = if url.starts_with("postgres") {
         '"'
