@@ -62,7 +62,8 @@
 //! - **Dead letters**: `XADD` to `<stream>.dead-letter` (or
 //!   [`RedisStreamConfig::dead_letter`]) with the entry's fields plus
 //!   `idem-key`, `idem-attempts` and `idem-last-error`, in one script with
-//!   the ack.
+//!   the ack. idem's fields replace the entry's of the same name (a
+//!   replayed dead letter's), and their values are escaped to one line.
 //! - **Hand-back at shutdown**: a copy at the stream's end, with the ack,
 //!   for immediate redelivery.
 //! - **Dead consumers**: an entry left pending longer than

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use idem_consumer::copy::{CopyValue, HeaderRules, copy_headers};
 use idem_consumer::{DeadLetter, Delivery, Message, RetryReason, Source, SourceError};
 use parking_lot::Mutex;
 use redis::aio::ConnectionManager;
@@ -422,14 +423,28 @@ impl RedisStreamSource {
     }
 }
 
-/// The fields of a copy that has used up `used` attempts.
+/// The fields of a copy of an entry with `fields`: the entry's, less those
+/// named in `idem` (which replace them), then `idem`'s, escaped by
+/// `copy_headers`. A field name need not be UTF-8: the original's are
+/// compared as lossy text (so a name that is not text never matches one of
+/// idem's) and written back as they came.
+fn copy_fields(fields: &[(Bytes, Bytes)], idem: &[(&str, &str)]) -> Fields {
+    let original = fields
+        .iter()
+        .map(|(name, value)| (String::from_utf8_lossy(name), (name, value)));
+    copy_headers(original, HeaderRules::PLAIN, idem)
+        .into_iter()
+        .map(|(name, value)| match value {
+            CopyValue::Original((name, value)) => (name.clone(), value.clone()),
+            CopyValue::Idem(value) => (Bytes::from(name), Bytes::from(value)),
+        })
+        .collect()
+}
+
+/// The fields of a retry or hand-back copy that has used up `used`
+/// attempts.
 fn with_attempts(fields: &[(Bytes, Bytes)], used: u32) -> Fields {
-    let mut out = fields.to_vec();
-    out.push((
-        Bytes::from_static(ATTEMPTS.as_bytes()),
-        used.to_string().into(),
-    ));
-    out
+    copy_fields(fields, &[(ATTEMPTS, &used.to_string())])
 }
 
 fn delivery(entry: Entry, deliveries: u32) -> Delivery<RedisStreamReceipt> {
@@ -599,10 +614,9 @@ impl Source for RedisStreamSource {
         delivery: Delivery<RedisStreamReceipt>,
         why: DeadLetter,
     ) -> Result<(), SourceError> {
-        let mut fields = delivery.receipt.fields.clone();
-        for (name, value) in why.headers() {
-            fields.push((Bytes::from_static(name.as_bytes()), value.into()));
-        }
+        let why = why.headers();
+        let idem: Vec<(&str, &str)> = why.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        let fields = copy_fields(&delivery.receipt.fields, &idem);
         let dead = self.inner.dead_letter.clone();
         self.settle_with_copy(&delivery.receipt, &dead, None, &fields, "dead-lettering")
             .await

@@ -113,6 +113,27 @@ impl Fixture {
     }
 }
 
+impl Fixture {
+    /// The dead-letter stream's entries, as field lists in the entry's
+    /// order, a repeated field repeated.
+    pub fn dead_letter_fields(&self) -> Vec<Vec<(String, String)>> {
+        let reply: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+            .arg(format!("{}.dead-letter", self.stream))
+            .arg("-")
+            .arg("+")
+            .query(&mut self.conn())
+            .expect("XRANGE answers");
+        reply
+            .into_iter()
+            .map(|(_, flat)| {
+                flat.chunks_exact(2)
+                    .map(|pair| (pair[0].clone(), pair[1].clone()))
+                    .collect()
+            })
+            .collect()
+    }
+}
+
 impl Drop for Fixture {
     fn drop(&mut self) {
         let keys = [
