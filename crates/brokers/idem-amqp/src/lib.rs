@@ -27,7 +27,13 @@
 //!
 //! Every copy is persistent (`delivery_mode` 2), whatever the original's
 //! mode: the original is acked once its copy is confirmed, so the copy is
-//! all that is left of the message.
+//! all that is left of the message. Its headers are built by
+//! [`idem_consumer::copy`]: idem's own replaced (values made single-line
+//! text), the others kept with their AMQP types, and `CC` and `BCC`, which
+//! RabbitMQ would route the copy by (sender-selected distribution), kept
+//! as `idem-original-CC` and `idem-original-BCC`. (An `x-delay` header acts
+//! only on an exchange of the delayed-message plugin, which idem does not
+//! publish to.)
 //!
 //! # Queues idem declares
 //!

@@ -2,6 +2,7 @@
 //! and copied onto republished messages.
 
 use bytes::Bytes;
+use idem_consumer::copy::{CopyValue, HeaderRules, copy_headers};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 
@@ -58,25 +59,40 @@ pub(crate) fn attempts_made(props: &BasicProperties) -> u32 {
         .unwrap_or(0)
 }
 
+/// What RabbitMQ does with header names at publish: `CC` and `BCC` add
+/// routing keys (sender-selected distribution). A copy keeps them as
+/// `idem-original-CC` and `idem-original-BCC`, so that it goes only where
+/// idem sends it.
+pub(crate) const HEADER_RULES: HeaderRules = HeaderRules {
+    is_control: |name| name.eq_ignore_ascii_case("CC") || name.eq_ignore_ascii_case("BCC"),
+};
+
 /// A copy of `props` for republishing: every property kept except the
 /// expiration (replaced by `expiration`, or dropped so that a parked or
-/// requeued copy does not expire) and the delivery mode, with `set`
-/// headers added or replaced.
+/// requeued copy does not expire) and the delivery mode; the headers as
+/// [`copy_headers`] makes them, with `set` as idem's (original values keep
+/// their AMQP types, `x-death` stays an array of tables).
 ///
 /// The copy is always persistent: the original is acked once the copy is
 /// confirmed, so a transient copy would make a broker restart lose a
 /// message the producer had handed over.
 pub(crate) fn republished(
     props: &BasicProperties,
-    set: &[(&str, String)],
+    set: &[(&str, &str)],
     expiration: Option<String>,
 ) -> BasicProperties {
-    let mut headers = props.headers().clone().unwrap_or_default();
-    for (name, value) in set {
-        headers.insert(
-            ShortString::from(*name),
-            AMQPValue::LongString(LongString::from(value.as_bytes())),
-        );
+    let original = props.headers().clone().unwrap_or_default();
+    let original = original
+        .inner()
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.clone()));
+    let mut headers = FieldTable::default();
+    for (name, value) in copy_headers(original, HEADER_RULES, set) {
+        let value = match value {
+            CopyValue::Original(v) => v,
+            CopyValue::Idem(text) => AMQPValue::LongString(LongString::from(text)),
+        };
+        headers.insert(ShortString::from(name), value);
     }
     let mut out = BasicProperties::default()
         .with_headers(headers)
@@ -133,7 +149,7 @@ mod tests {
             .with_delivery_mode(2)
             .with_expiration("60000".into());
         assert_eq!(attempts_made(&props), 2);
-        let copy = republished(&props, &[(ATTEMPTS, "3".into())], None);
+        let copy = republished(&props, &[(ATTEMPTS, "3")], None);
         assert_eq!(copy.message_id().as_ref().unwrap().as_str(), "m1");
         assert_eq!(copy.delivery_mode(), &Some(2));
         assert_eq!(copy.expiration(), &None);
@@ -146,13 +162,45 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_keeps_cc_and_bcc_as_idem_original_and_typed_values_as_they_are() {
+        let routes = AMQPValue::FieldArray(vec![AMQPValue::LongString("elsewhere".into())].into());
+        let mut death = FieldTable::default();
+        death.insert("count".into(), AMQPValue::LongLongInt(2));
+        let deaths = AMQPValue::FieldArray(vec![AMQPValue::FieldTable(death)].into());
+        let mut h = FieldTable::default();
+        h.insert("CC".into(), routes.clone());
+        h.insert("bcc".into(), routes.clone());
+        h.insert("x-death".into(), deaths.clone());
+        h.insert("Idem-Attempts".into(), AMQPValue::LongLongInt(1));
+        let props = BasicProperties::default().with_headers(h);
+        let copy = republished(
+            &props,
+            &[(ATTEMPTS, "2"), ("idem-last-error", "a\nb")],
+            None,
+        );
+        let headers = copy.headers().clone().unwrap();
+        let headers = headers.inner();
+        assert_eq!(headers.get("CC"), None);
+        assert_eq!(headers.get("bcc"), None);
+        assert_eq!(headers.get("idem-original-CC"), Some(&routes));
+        assert_eq!(headers.get("idem-original-bcc"), Some(&routes));
+        assert_eq!(headers.get("x-death"), Some(&deaths));
+        assert_eq!(headers.get("Idem-Attempts"), None, "replaced by idem's");
+        assert_eq!(attempts_made(&copy), 2);
+        assert_eq!(
+            headers.get("idem-last-error"),
+            Some(&AMQPValue::LongString("a\\nb".into()))
+        );
+    }
+
+    #[test]
     fn a_republished_copy_is_persistent_whatever_its_original() {
         for original in [None, Some(1), Some(2)] {
             let mut props = BasicProperties::default();
             if let Some(mode) = original {
                 props = props.with_delivery_mode(mode);
             }
-            let copy = republished(&props, &[(ATTEMPTS, "1".into())], None);
+            let copy = republished(&props, &[(ATTEMPTS, "1")], None);
             assert_eq!(copy.delivery_mode(), &Some(2), "original {original:?}");
         }
     }

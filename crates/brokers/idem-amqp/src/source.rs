@@ -205,7 +205,8 @@ impl AmqpSource {
 /// flag becomes a count that survives further crashes.
 async fn count_redelivery(receipt: AmqpReceipt, body: Bytes) {
     let made = receipt.attempts_made.saturating_add(1);
-    let props = republished(&receipt.properties, &[(ATTEMPTS, made.to_string())], None);
+    let made = made.to_string();
+    let props = republished(&receipt.properties, &[(ATTEMPTS, &made)], None);
     let queue = receipt.link.config.queue().to_owned();
     let r = match receipt.link.publish(&queue, &body, props).await {
         Ok(()) => ack(&receipt.acker).await,
@@ -282,11 +283,8 @@ async fn requeue(receipt: &AmqpReceipt, body: &[u8]) -> Result<(), SourceError> 
             "the channel that delivered it is closed; the broker redelivers it",
         ));
     }
-    let props = republished(
-        &receipt.properties,
-        &[(ATTEMPTS, receipt.attempts_made.to_string())],
-        None,
-    );
+    let made = receipt.attempts_made.to_string();
+    let props = republished(&receipt.properties, &[(ATTEMPTS, &made)], None);
     let queue = receipt.link.config.queue();
     match receipt.link.publish(queue, body, props).await {
         Ok(()) => ack(&receipt.acker).await,
@@ -380,7 +378,8 @@ impl Source for AmqpSource {
         // A bucket's queue expires the copy; the `long` queue's copies
         // carry their own TTL.
         let expiration = (!route.queue_ttl).then(|| route.ttl_ms.to_string());
-        let props = republished(&r.properties, &[(ATTEMPTS, made.to_string())], expiration);
+        let made = made.to_string();
+        let props = republished(&r.properties, &[(ATTEMPTS, &made)], expiration);
         move_to(
             r,
             "retrying a message",
@@ -399,7 +398,7 @@ impl Source for AmqpSource {
         why: DeadLetter,
     ) -> Result<(), SourceError> {
         let set = why.headers();
-        let set: Vec<(&str, String)> = set.iter().map(|(n, v)| (*n, v.clone())).collect();
+        let set: Vec<(&str, &str)> = set.iter().map(|(n, v)| (*n, v.as_str())).collect();
         let props = republished(&delivery.receipt.properties, &set, None);
         let queue = delivery
             .receipt

@@ -132,11 +132,6 @@ impl Inspect {
     /// Publishes `message` to `queue` as a producer that does not ask for
     /// persistence would (`delivery_mode` 1), confirmed.
     pub async fn publish_transient(&self, queue: &str, message: &Message) {
-        let channel = self.connection.create_channel().await.unwrap();
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .unwrap();
         let mut headers = FieldTable::default();
         for (name, value) in &message.headers {
             headers.insert(
@@ -150,12 +145,23 @@ impl Inspect {
         if let Some(id) = &message.id {
             props = props.with_message_id(id.as_str().into());
         }
+        self.publish_raw(queue, &message.body, props).await;
+    }
+
+    /// Publishes `body` with `props` to `queue` through the default
+    /// exchange, confirmed.
+    pub async fn publish_raw(&self, queue: &str, body: &[u8], props: BasicProperties) {
+        let channel = self.connection.create_channel().await.unwrap();
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
         let confirm = channel
             .basic_publish(
                 "".into(),
                 queue.into(),
                 BasicPublishOptions::default(),
-                &message.body,
+                body,
                 props,
             )
             .await
@@ -164,6 +170,18 @@ impl Inspect {
             .unwrap();
         assert!(confirm.is_ack(), "{queue} took the message");
         let _ = channel.close(200, "OK".into()).await;
+    }
+
+    /// Declares `queue` durable, as a user's own queue.
+    pub async fn declare(&self, queue: &str) {
+        self.channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions::durable(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
     }
 
     pub async fn close(self) {
