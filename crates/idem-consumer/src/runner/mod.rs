@@ -30,10 +30,10 @@ use crate::{Backoff, Capabilities, DeadLetter, Delivery, Handler, KeyFrom, Sourc
 ///   `begin_many`; completions go one by one as handlers finish (the Redis
 ///   and file stores group concurrent ones themselves).
 /// - **Bounded concurrency**: at most [`concurrency`](Runner::concurrency)
-///   messages are fetched or running at once. Messages waiting behind
-///   another of their group take no part of that room: they have a budget
-///   of their own (four times the concurrency), and each takes a place
-///   among the concurrency again when its turn comes.
+///   messages are fetched or running at once (a key or lane whose messages
+///   run one after another holds one place while it runs). Messages
+///   waiting behind another of their group take no part of that room: they
+///   have a budget of their own (four times the concurrency).
 /// - **Duplicates in flight**: a message whose key is already being handled
 ///   by this runner waits for that one instead of being retried, then is
 ///   acked as a duplicate (or handled, if the first one failed).
@@ -248,7 +248,6 @@ where
             shutdown: shutdown.clone(),
             hard_stop: CancellationToken::new(),
             tally,
-            permits: permits.clone(),
             parked_room: Arc::new(Semaphore::new(self.concurrency.saturating_mul(4))),
             capabilities,
             pause: Mutex::new(Pause::default()),
@@ -524,9 +523,6 @@ struct Shared<S, Src: Source, H> {
     shutdown: CancellationToken,
     hard_stop: CancellationToken,
     tally: tally::Tally,
-    /// The runner's concurrency: a place is held while a message is
-    /// fetched, claimed, handled and settled.
-    permits: Arc<Semaphore>,
     /// Places for messages waiting behind their group.
     parked_room: Arc<Semaphore>,
     capabilities: Capabilities,
@@ -623,8 +619,7 @@ where
                 tracker.spawn(Box::pin(async move {
                     this.step(&group, this.settle_unclaimed(delivery, &key))
                         .await;
-                    drop(permit);
-                    this.drain(group).await;
+                    this.drain(group, permit).await;
                 }));
             }
             return;
@@ -669,15 +664,16 @@ where
             tracker.spawn(Box::pin(async move {
                 this.step(&group, this.settle(delivery, &key, begun, sent))
                     .await;
-                drop(permit);
-                this.drain(group).await;
+                this.drain(group, permit).await;
             }));
         }
     }
 
     /// Handles the messages parked behind `group`, one after another, then
-    /// frees the group.
-    async fn drain(&self, group: Bytes) {
+    /// frees the group and its place in the concurrency (`permit`: a group
+    /// holds one place while it runs, so its parked messages never wait
+    /// for another).
+    async fn drain(&self, group: Bytes, permit: OwnedSemaphorePermit) {
         loop {
             let next = {
                 let mut groups = self.groups.lock();
@@ -686,6 +682,7 @@ where
                     Some(parked) => parked,
                     None => {
                         groups.remove(&group);
+                        drop(permit);
                         return;
                     }
                 }
@@ -695,18 +692,10 @@ where
                 key,
                 room,
             } = next;
+            drop(room);
             if self.shutdown.is_cancelled() {
                 self.step(&group, self.requeue(delivery)).await;
-                continue;
-            }
-            // Its turn: a place in the concurrency again.
-            let permit = tokio::select! {
-                biased;
-                p = self.permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
-                () = self.keep_parked_alive_with(&group, &delivery) => unreachable!("keep-alive never ends"),
-            };
-            drop(room);
-            if !self.claims {
+            } else if !self.claims {
                 self.step(&group, self.settle_unclaimed(delivery, &key))
                     .await;
             } else {
@@ -726,7 +715,6 @@ where
                 };
                 self.step(&group, step).await;
             }
-            drop(permit);
         }
     }
 
@@ -776,12 +764,6 @@ where
                 }
             }
         }
-    }
-
-    /// [`keep_parked_alive`](Self::keep_parked_alive), and `delivery`
-    /// (taken from the group, waiting for a place) kept alive too.
-    async fn keep_parked_alive_with(&self, group: &Bytes, delivery: &Delivery<Src::Receipt>) {
-        tokio::join!(self.keep_parked_alive(group), self.keep_alive(delivery));
     }
 
     fn key_of(&self, delivery: &Delivery<Src::Receipt>) -> Result<Key, String> {
