@@ -7,7 +7,7 @@ use lapin::uri::AMQPUri;
 
 /// The URL form, quoted in every configuration error.
 const URL_FORM: &str = "amqp://USER:PASSWORD@HOST:5672/VHOST?queue=NAME \
-     (optional: dead_letter=NAME, heartbeat=SECONDS, connection_timeout=MS, \
+     (optional: dead_letter=NAME, max_hold_ms=MS, heartbeat=SECONDS, connection_timeout=MS, \
      frame_max=BYTES, channel_max=N, auth_mechanism=NAME; the default vhost `/` is `%2f`)";
 
 /// Where the source consumes, and how.
@@ -28,13 +28,19 @@ pub struct AmqpConfig {
     pub(crate) dead_letter: Option<String>,
     pub(crate) concurrency: usize,
     pub(crate) lease: Duration,
+    pub(crate) max_hold: Duration,
 }
+
+/// How long a delivery is held unsettled at most by default: a margin under
+/// RabbitMQ's default `consumer_timeout` of 30 minutes.
+const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(25 * 60);
 
 impl AmqpConfig {
     /// Parses `amqp[s]://USER:PASSWORD@HOST:PORT/VHOST?queue=NAME`.
     ///
     /// Query parameters: `queue` (required), `dead_letter` (default
-    /// `<queue>.dead-letter`), and the connection's own `heartbeat`,
+    /// `<queue>.dead-letter`), `max_hold_ms` (see
+    /// [`max_hold`](AmqpConfig::max_hold)), and the connection's own `heartbeat`,
     /// `connection_timeout`, `frame_max`, `channel_max` and
     /// `auth_mechanism`. Anything else is refused with the parameter's name.
     pub fn from_url(url: &str) -> Result<Self, ConfigError> {
@@ -47,11 +53,20 @@ impl AmqpConfig {
         }
         let mut queue = None;
         let mut dead_letter = None;
+        let mut max_hold = DEFAULT_MAX_HOLD;
         let mut passed = url::form_urlencoded::Serializer::new(String::new());
         for (name, value) in parsed.query_pairs() {
             match &*name {
                 "queue" => queue = Some(value.into_owned()),
                 "dead_letter" => dead_letter = Some(value.into_owned()),
+                "max_hold_ms" => match value.parse::<u64>() {
+                    Ok(ms) if ms > 0 => max_hold = Duration::from_millis(ms),
+                    _ => {
+                        return Err(ConfigError::new(format!(
+                            "`max_hold_ms={value}` is not a positive number of milliseconds"
+                        )));
+                    }
+                },
                 "heartbeat" | "connection_timeout" | "frame_max" | "channel_max"
                 | "auth_mechanism" => {
                     passed.append_pair(&name, &value);
@@ -88,6 +103,7 @@ impl AmqpConfig {
             dead_letter,
             concurrency: 16,
             lease: Duration::from_secs(30),
+            max_hold,
         })
     }
 
@@ -111,6 +127,23 @@ impl AmqpConfig {
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
+    }
+
+    /// The longest the runner may hold one delivery unsettled (a retry
+    /// waiting in place, a slow handler's wait): default 25 minutes, under
+    /// RabbitMQ's `consumer_timeout` (30 minutes by default), past which
+    /// the broker closes the channel and redelivers everything unacked on
+    /// it. The runner hands longer waits to a retry queue instead. Set it
+    /// under the broker's `consumer_timeout` when that is shorter
+    /// (`rabbitmqctl environment | grep consumer_timeout`).
+    pub fn max_hold(mut self, hold: Duration) -> Self {
+        self.max_hold = hold;
+        self
+    }
+
+    /// The longest a delivery is held unsettled.
+    pub fn max_hold_limit(&self) -> Duration {
+        self.max_hold
     }
 
     /// The work queue.
@@ -171,6 +204,7 @@ impl fmt::Debug for AmqpConfig {
             .field("dead_letter", &self.dead_letter_queue())
             .field("concurrency", &self.concurrency)
             .field("lease", &self.lease)
+            .field("max_hold", &self.max_hold)
             .finish()
     }
 }
@@ -231,6 +265,22 @@ mod tests {
         let c = c.dead_letter("parked").concurrency(0);
         assert_eq!(c.dead_letter_queue(), "parked");
         assert_eq!(c.concurrency_limit(), 1);
+        assert_eq!(c.max_hold_limit(), Duration::from_secs(25 * 60));
+    }
+
+    #[test]
+    fn the_hold_limit_is_set_in_the_url_or_the_builder() {
+        let c = AmqpConfig::from_url("amqp://127.0.0.1/%2f?queue=a&max_hold_ms=60000").unwrap();
+        assert_eq!(c.max_hold_limit(), Duration::from_secs(60));
+        let c = c.max_hold(Duration::from_secs(5));
+        assert_eq!(c.max_hold_limit(), Duration::from_secs(5));
+        let e = AmqpConfig::from_url("amqp://127.0.0.1/%2f?queue=a&max_hold_ms=soon")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`max_hold_ms=soon`") && e.contains("max_hold_ms=MS"),
+            "{e}"
+        );
     }
 
     #[test]

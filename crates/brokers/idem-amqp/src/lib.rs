@@ -90,7 +90,13 @@
 //! guard acks the copies of those already handled as duplicates.
 //!
 //! RabbitMQ closes a channel whose delivery stays unacked longer than its
-//! `consumer_timeout` (30 minutes by default): handlers must finish sooner.
+//! `consumer_timeout` (30 minutes by default), and redelivers everything
+//! unacked on it. The source tells the runner to hold a delivery at most
+//! [`AmqpConfig::max_hold`] (25 minutes by default, `max_hold_ms=` in the
+//! URL) through [`Source::capabilities`](idem_consumer::Source::capabilities):
+//! a longer wait in place goes to a retry queue instead. A handler itself
+//! must finish sooner. Set it under the broker's `consumer_timeout` when
+//! that is shorter.
 //!
 //! ```no_run
 //! use idem_amqp::{AmqpConfig, AmqpSource};

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
-use idem_consumer::{DeadLetter, Delivery, Message, RetryReason, Source, SourceError};
+use idem_consumer::{
+    Capabilities, DeadLetter, Delivery, Message, RetryReason, Source, SourceError,
+};
 use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Acker, BasicProperties, Channel, Consumer};
@@ -309,6 +311,14 @@ impl Source for AmqpSource {
 
     fn name(&self) -> &str {
         self.inner.config.queue()
+    }
+
+    /// RabbitMQ closes a channel whose delivery stays unacked past its
+    /// `consumer_timeout`: deliveries are held at most
+    /// [`AmqpConfig::max_hold`] (25 minutes by default). Busy retries are
+    /// counted by idem's header only.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default().max_hold(self.inner.config.max_hold_limit())
     }
 
     /// Waits up to half a second for a first message, then takes what else
