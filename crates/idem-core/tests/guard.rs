@@ -612,3 +612,43 @@ async fn raw_outcomes_are_stored_and_returned_unchanged() {
     assert_eq!(done.outcome, Some(payload));
     assert_eq!(Codec::<Bytes>::decode(&Raw, None).unwrap(), Bytes::new());
 }
+
+/// Each error's text says what happened, and where it wraps a cause, the
+/// cause's own words.
+#[test]
+fn each_error_says_what_happened() {
+    let texts = [
+        (
+            GuardError::<String>::InProgress {
+                retry_after: Duration::from_secs(3),
+            },
+            "another holder is working on this key; retry in 3s",
+        ),
+        (GuardError::Mismatch, "fingerprint mismatch"),
+        (
+            GuardError::Handler("card declined".into()),
+            "handler failed: card declined",
+        ),
+        (
+            GuardError::LeaseLost {
+                outcome: "1".into(),
+            },
+            "the lease was lost before the outcome was stored",
+        ),
+        (
+            GuardError::Invalid(idem_core::InvalidInput::RetentionTooShort),
+            &idem_core::InvalidInput::RetentionTooShort.to_string(),
+        ),
+        (
+            GuardError::Outcome("trailing comma".into()),
+            "outcome encoding or decoding failed: trailing comma",
+        ),
+        (
+            GuardError::Store(StoreError::unavailable("connection refused")),
+            "the store is unavailable: connection refused",
+        ),
+    ];
+    for (error, text) in texts {
+        assert!(error.to_string().contains(text), "{error:?}: {error}");
+    }
+}

@@ -223,3 +223,48 @@ async fn dropping_the_run_while_the_outcome_is_retried_releases_the_claim() {
         .unwrap();
     assert_eq!(count(&again), 1, "the redelivery ran");
 }
+
+/// Holders that failed together do not retry in step: each pause is cut
+/// by a random part, so runs whose outcomes failed at the same moment store
+/// them at different moments once the store is back.
+#[tokio::test(start_paused = true)]
+async fn holders_failing_together_retry_at_different_moments() {
+    let store = Switchable::new(MemoryStore::new());
+    let guard = Guard::new(store.clone());
+    store.fail_next_completes(u32::MAX);
+    let back = store.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        back.fail_next_completes(0);
+    });
+    let start = Instant::now();
+    let runs = (0..8).map(|n| {
+        let guard = guard.clone();
+        async move {
+            guard
+                .run(&key(&format!("together-{n}")), None, |_| async {
+                    Ok::<_, String>(n)
+                })
+                .await
+                .unwrap();
+            start.elapsed()
+        }
+    });
+    let mut stored_at = futures_util::future::join_all(runs).await;
+    stored_at.sort();
+    stored_at.dedup();
+    assert!(stored_at.len() > 1, "all retried in step: {stored_at:?}");
+}
+
+/// A failure that retrying cannot mend (the store refuses the retention)
+/// is not retried: one try, then the error, and the key is released.
+#[tokio::test(start_paused = true)]
+async fn a_refused_complete_is_not_retried() {
+    let store = Switchable::new(MemoryStore::new());
+    let guard = Guard::new(store.clone()).retention(Duration::from_secs(400 * 24 * 3600));
+    let k = key("refused");
+    let r = guard.run(&k, None, |_| async { Ok::<_, String>(7) }).await;
+    assert!(matches!(r, Err(GuardError::Invalid(_))), "{r:?}");
+    assert_eq!(count(&store.calls().complete), 1, "tried once");
+    assert_eq!(store.get(&k).await.unwrap(), None, "released");
+}

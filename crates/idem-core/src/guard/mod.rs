@@ -474,7 +474,7 @@ const MAX_COMPLETE_PAUSE: Duration = Duration::from_secs(1);
 fn jittered(pause: Duration) -> Duration {
     let half = pause / 2;
     let random = RandomState::new().hash_one(Instant::now());
-    half + Duration::from_nanos(random % (half.as_nanos() as u64 + 1))
+    half + Duration::from_nanos(random % half.as_nanos().max(1) as u64)
 }
 
 /// How the guard turns a handler's value into stored bytes and back.
