@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use idem_consumer::copy::{CopyValue, HeaderRules, copy_headers};
 use idem_consumer::{DeadLetter, Delivery, Message, RetryReason, Source, SourceError};
 use rocketmq_client_rust::{
     ClientConfig, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, DefaultMQPushConsumer,
@@ -55,7 +56,10 @@ const CONTENT_TYPE: &str = "content-type";
 ///
 /// **Dead letters.** The runner dead-letters at its `max_attempts` with the
 /// headers `idem-key`, `idem-attempts` and `idem-last-error` beside the
-/// message's own properties, its `KEYS` and `TAGS`. The broker moves a
+/// message's own properties, its `KEYS` and `TAGS`; idem's values are
+/// escaped to one line, so a handler's error text can carry neither a line
+/// break nor the `\u{1}`/`\u{2}` separators of the property encoding
+/// (which would add properties of its own). The broker moves a
 /// message to `%DLQ%GROUP` itself after
 /// [`max_reconsume_times`](RocketMqConfig::max_reconsume_times) redeliveries
 /// (without idem's headers): keep that above the runner's limit.
@@ -237,6 +241,16 @@ impl RocketMqSource {
     }
 }
 
+/// The client's system properties (`KEYS`, `TAGS`, `DELAY`, `UNIQ_KEY`, …)
+/// are what the broker acts on; the client also refuses to set them as user
+/// properties. A copy keeps one as `idem-original-<name>`. idem's values
+/// are escaped by `copy_headers`, so none carries the `\u{1}`/`\u{2}`
+/// separators of the property encoding; the original's came from the
+/// broker, decoded from that encoding, so cannot either.
+const ROCKETMQ_PROPERTIES: HeaderRules = HeaderRules {
+    is_control: |name| STRING_HASH_SET.contains(name),
+};
+
 /// The client's default consume timeout.
 const CONSUME_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 
@@ -409,17 +423,14 @@ impl Source for RocketMqSource {
         if let Some(tags) = &receipt.tags {
             builder = builder.tags(tags.as_str());
         }
-        let idem = why.headers();
-        for (name, value) in &message.headers {
-            if idem.iter().any(|(n, _)| n == name) {
-                continue;
-            }
-            let value = String::from_utf8_lossy(value).into_owned();
-            builder = builder
-                .raw_property(name.as_str(), value)
-                .map_err(|e| fail(e.to_string()))?;
-        }
-        for (name, value) in idem {
+        let why = why.headers();
+        let idem: Vec<(&str, &str)> = why.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        let original = message.headers.iter().map(|(n, v)| (n, v));
+        for (name, value) in copy_headers(original, ROCKETMQ_PROPERTIES, &idem) {
+            let value = match value {
+                CopyValue::Original(v) => String::from_utf8_lossy(v).into_owned(),
+                CopyValue::Idem(v) => v,
+            };
             builder = builder
                 .raw_property(name, value)
                 .map_err(|e| fail(e.to_string()))?;
