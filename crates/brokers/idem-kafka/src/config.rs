@@ -6,7 +6,7 @@ use std::time::Duration;
 pub(crate) const URL_FORM: &str = "kafka://HOST:PORT[,HOST:PORT…]?topic=NAME&group=NAME\
      [&retry=topics|blocking][&retry-delays-ms=1000,10000,…][&commit-interval-ms=N]\
      [&isolation=read_committed|read_uncommitted][&offset-reset=earliest|latest]\
-     [&partitions=N][&lanes=partition|key][&librdkafka.property=value…]";
+     [&partitions=N][&replication=N][&lanes=partition|key][&librdkafka.property=value…]";
 
 /// The delays of the retry topics `<topic>-retry-0`, `-1`, … when none are
 /// set: a failing message waits longer at each level.
@@ -77,6 +77,9 @@ pub struct KafkaConfig {
     pub(crate) read_committed: bool,
     pub(crate) offset_reset: OffsetReset,
     pub(crate) partitions: Option<i32>,
+    /// Replicas of each partition of the topics this source creates; `None`
+    /// for the brokers' default (`default.replication.factor`).
+    pub(crate) replication: Option<i16>,
     pub(crate) lanes: Lanes,
     pub(crate) revoke_grace: Duration,
     pub(crate) lease: Option<Duration>,
@@ -97,6 +100,10 @@ impl KafkaConfig {
     /// - `offset-reset=earliest` (default) or `latest`;
     /// - `partitions=N`: partitions of the topics this source creates when
     ///   they are missing (default: as many as the topic has, else 1);
+    /// - `replication=N`: replicas of each partition of the topics this
+    ///   source creates (default: the brokers' `default.replication.factor`;
+    ///   a retry or dead-letter copy is only as safe as its topic, since the
+    ///   original's offset is committed once the copy is written);
     /// - `lanes=partition` (default) or `key`, see [`Lanes`];
     /// - any parameter with a dot in its name is a librdkafka property,
     ///   passed on as it is (`session.timeout.ms=10000`,
@@ -136,6 +143,7 @@ impl KafkaConfig {
             read_committed: true,
             offset_reset: OffsetReset::Earliest,
             partitions: None,
+            replication: None,
             lanes: Lanes::Partition,
             revoke_grace: Duration::from_secs(30),
             lease: None,
@@ -218,6 +226,15 @@ impl KafkaConfig {
                             .ok_or_else(|| invalid("a whole number from 1 to 10000"))?,
                     );
                 }
+                "replication" => {
+                    config.replication = Some(
+                        value
+                            .parse::<i16>()
+                            .ok()
+                            .filter(|&n| n >= 1)
+                            .ok_or_else(|| invalid("a number of replicas from 1 to 32767"))?,
+                    );
+                }
                 property if property.contains('.') => config.properties.push((name, value)),
                 _ => {
                     return Err(ConfigError::UnknownParameter {
@@ -273,9 +290,21 @@ impl KafkaConfig {
 
     /// How many messages the source holds ready beyond those in work is
     /// sized from this: give the runner the same concurrency (default 16,
-    /// at least 1).
+    /// at least 1). From `max(4 × concurrency, 256)` messages buffered
+    /// the source polls slowly; at a quarter more it pauses its partitions
+    /// at the broker until the runner has taken the buffer back down, so
+    /// memory stays bounded when the runner stops fetching (librdkafka's
+    /// own prefetch is bounded by `queued.max.messages.kbytes`).
     pub fn concurrency(mut self, n: usize) -> Self {
         self.concurrency = n.max(1);
+        self
+    }
+
+    /// Replicas of each partition of the topics this source creates: the
+    /// topic when missing, its retry topics and its dead-letter topic
+    /// (default: the brokers' `default.replication.factor`; at least 1).
+    pub fn replication(mut self, replicas: i16) -> Self {
+        self.replication = Some(replicas.max(1));
         self
     }
 
@@ -507,5 +536,17 @@ mod tests {
         assert!(err("kafka://h:1?topic=a/b&group=g").contains("Kafka topic name"));
         assert!(err("kafka://h:1?topic=t&topic=u&group=g").contains("twice"));
         assert!(err("kafka://h?topic=t&group=g").contains("HOST:PORT"));
+        assert!(err("kafka://h:1?topic=t&group=g&replication=0").contains("replicas"));
+        assert!(err("kafka://h:1?topic=t&group=g&replication=three").contains("replicas"));
+        assert!(err("kafka://h:1?topic=t&group=g&replication=40000").contains("replicas"));
+    }
+
+    #[test]
+    fn replication_is_the_brokers_default_unless_given() {
+        let c = KafkaConfig::from_url("kafka://h:1?topic=t&group=g").unwrap();
+        assert_eq!(c.replication, None);
+        let c = KafkaConfig::from_url("kafka://h:1?topic=t&group=g&replication=3").unwrap();
+        assert_eq!(c.replication, Some(3));
+        assert_eq!(c.replication(0).replication, Some(1));
     }
 }

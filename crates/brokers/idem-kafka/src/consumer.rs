@@ -36,12 +36,18 @@ pub(crate) struct Shared {
     /// The buffer was drained.
     pub(crate) drained: Condvar,
     pub(crate) stop: AtomicBool,
+    /// Wakes the background writers of copies when the source closes.
+    pub(crate) stopping: tokio::sync::Notify,
     pub(crate) config: KafkaConfig,
     /// The topics subscribed to, so a message's topic is looked up, not
     /// allocated.
     topics: Vec<Arc<str>>,
     /// Most messages buffered before polling slows down.
     high_water: usize,
+    /// Most messages buffered at all: at this many every assigned
+    /// partition is paused at the broker until the buffer is back at
+    /// `high_water`.
+    pub(crate) bound: usize,
 }
 
 #[derive(Default)]
@@ -53,6 +59,13 @@ pub(crate) struct State {
     next_epoch: u64,
     /// Paused at the broker, by the consumer thread.
     paused: HashSet<Tp>,
+    /// The buffer reached its bound: every partition is paused until it is
+    /// back at the high-water mark.
+    full: bool,
+    /// Partitions whose lane the runner paused, with their messages
+    /// polled and not yet fetched, kept out of the buffer in order until
+    /// the lane is resumed.
+    pub(crate) lanes_paused: HashMap<Tp, VecDeque<Delivery<Receipt>>>,
     /// Retry-topic partitions whose next message is due later.
     held_until: HashMap<Tp, Instant>,
     /// The last consumer lag read per partition.
@@ -75,11 +88,13 @@ impl Shared {
         let topics = config.subscribed().into_iter().map(Arc::from).collect();
         let high_water = (config.concurrency * 4).max(256);
         Self {
+            bound: high_water + high_water / 4,
             state: Mutex::new(State::default()),
             finished: Condvar::new(),
             ready: tokio::sync::Notify::new(),
             drained: Condvar::new(),
             stop: AtomicBool::new(false),
+            stopping: tokio::sync::Notify::new(),
             config,
             topics,
             high_water,
@@ -99,18 +114,124 @@ impl Shared {
         self.finished.notify_all();
     }
 
+    /// Tells the consumer thread and the background writers to stop.
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.stopping.notify_waiters();
+    }
+
+    /// Sleeps `wait`; false if the source closed meanwhile (or had).
+    ///
+    /// # Cancel safety
+    ///
+    /// Holds nothing: dropping it only ends the wait.
+    pub(crate) async fn sleep_unless_stopped(&self, wait: Duration) -> bool {
+        let stopping = self.stopping.notified();
+        tokio::pin!(stopping);
+        stopping.as_mut().enable();
+        if self.stop.load(Ordering::Acquire) {
+            return false;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(wait) => !self.stop.load(Ordering::Acquire),
+            () = stopping => false,
+        }
+    }
+
+    /// Whether the receipt's partition is still this member's, in the
+    /// assignment the message came in.
+    pub(crate) fn holds(&self, receipt: &Receipt) -> bool {
+        self.state
+            .lock()
+            .partitions
+            .get(&receipt.tp)
+            .is_some_and(|t| t.epoch == receipt.epoch)
+    }
+
+    /// Marks the receipt's message as worked on by nobody: its offset is
+    /// not committed, and a revoke or close does not wait for it.
+    pub(crate) fn abandon(&self, receipt: &Receipt) {
+        let mut state = self.state.lock();
+        if let Some(track) = state.partitions.get_mut(&receipt.tp)
+            && track.epoch == receipt.epoch
+        {
+            track.offsets.abandoned(receipt.offset);
+        }
+        drop(state);
+        self.finished.notify_all();
+    }
+
     /// Puts a delivery back at the front of the buffer, if its partition is
     /// still this member's in the same assignment (else the partition's
     /// owner has it from the committed offset).
     pub(crate) fn put_back(&self, delivery: Delivery<Receipt>) {
         let mut state = self.state.lock();
-        let current = state
+        let closed = state.closed;
+        let Some(track) = state
             .partitions
-            .get(&delivery.receipt.tp)
-            .is_some_and(|t| t.epoch == delivery.receipt.epoch);
-        if current && !state.closed {
+            .get_mut(&delivery.receipt.tp)
+            .filter(|t| t.epoch == delivery.receipt.epoch)
+        else {
+            return;
+        };
+        if !closed {
+            track.offsets.in_work(delivery.receipt.offset);
+            if let Some(parked) = state.lanes_paused.get_mut(&delivery.receipt.tp) {
+                parked.push_front(delivery);
+                return;
+            }
             state.buffer.push_front(delivery);
             drop(state);
+            self.ready.notify_one();
+        }
+    }
+
+    /// The partition whose lane is `lane`, when lanes are partitions.
+    fn lane_partition(&self, state: &State, lane: &Bytes) -> Option<Tp> {
+        if self.config.lanes != Lanes::Partition {
+            return None;
+        }
+        state
+            .partitions
+            .iter()
+            .find(|(_, track)| track.lane == *lane)
+            .map(|(tp, _)| tp.clone())
+    }
+
+    /// Keeps the messages of `lane`'s partition out of the buffer until
+    /// [`resume_lane`](Self::resume_lane); the consumer thread pauses the
+    /// partition at the broker.
+    pub(crate) fn pause_lane(&self, lane: &Bytes) {
+        let mut state = self.state.lock();
+        let Some(tp) = self.lane_partition(&state, lane) else {
+            return;
+        };
+        if state.lanes_paused.contains_key(&tp) {
+            return;
+        }
+        let (parked, rest) = std::mem::take(&mut state.buffer)
+            .into_iter()
+            .partition(|d| d.receipt.tp == tp);
+        state.buffer = rest;
+        state.lanes_paused.insert(tp, parked);
+    }
+
+    /// Hands out `lane`'s messages again, those kept first, in order; the
+    /// consumer thread resumes the partition at the broker.
+    pub(crate) fn resume_lane(&self, lane: &Bytes) {
+        let mut state = self.state.lock();
+        let Some(tp) = self.lane_partition(&state, lane) else {
+            return;
+        };
+        let Some(parked) = state.lanes_paused.remove(&tp) else {
+            return;
+        };
+        let any = !parked.is_empty();
+        for delivery in parked.into_iter().rev() {
+            state.buffer.push_front(delivery);
+        }
+        drop(state);
+        if any {
             self.ready.notify_one();
         }
     }
@@ -133,6 +254,16 @@ impl Shared {
     }
 }
 
+/// `idem_kafka_consumer_lag{group,topic,partition}`.
+fn lag_gauge(group: &str, topic: &str, partition: i32) -> metrics::Gauge {
+    metrics::gauge!(
+        "idem_kafka_consumer_lag",
+        "group" => group.to_owned(),
+        "topic" => topic.to_owned(),
+        "partition" => partition.to_string(),
+    )
+}
+
 /// The consumer's callbacks: rebalances, commits, statistics.
 pub(crate) struct Context {
     pub(crate) shared: Arc<Shared>,
@@ -140,7 +271,7 @@ pub(crate) struct Context {
 
 impl ClientContext for Context {
     fn stats(&self, statistics: Statistics) {
-        let group = self.shared.config.group.clone();
+        let group = &self.shared.config.group;
         let mut state = self.shared.state.lock();
         for (topic, t) in &statistics.topics {
             for (&partition, p) in &t.partitions {
@@ -151,13 +282,7 @@ impl ClientContext for Context {
                 if !state.partitions.contains_key(&tp) {
                     continue;
                 }
-                metrics::gauge!(
-                    "idem_kafka_consumer_lag",
-                    "group" => group.clone(),
-                    "topic" => topic.clone(),
-                    "partition" => partition.to_string(),
-                )
-                .set(p.consumer_lag as f64);
+                lag_gauge(group, topic, partition).set(p.consumer_lag as f64);
                 state.lag.insert(tp, p.consumer_lag);
             }
         }
@@ -235,6 +360,14 @@ impl Context {
                 true
             }
         });
+        for tp in &revoked {
+            if let Some(parked) = state.lanes_paused.remove(tp)
+                && let Some(first) = parked.front()
+            {
+                let first_taken = taken_back.entry(tp.clone()).or_insert(i64::MAX);
+                *first_taken = (*first_taken).min(first.receipt.offset);
+            }
+        }
         for (tp, first) in taken_back {
             if let Some(track) = state.partitions.get_mut(&tp) {
                 track.offsets.forget_from(first);
@@ -259,6 +392,13 @@ impl Context {
             }
         }
         let mut commit = Vec::new();
+        // librdkafka keeps a partition paused across assignments: resumed
+        // as it goes, it is read when it comes back.
+        let paused: Vec<Tp> = revoked
+            .iter()
+            .filter(|tp| state.paused.contains(*tp))
+            .cloned()
+            .collect();
         for tp in &revoked {
             if let Some(track) = state.partitions.remove(tp)
                 && let Some(next) = track.offsets.to_commit()
@@ -268,9 +408,18 @@ impl Context {
             }
             state.paused.remove(tp);
             state.held_until.remove(tp);
-            state.lag.remove(tp);
+            // The partition's lag is its next owner's to report: a gauge
+            // left at its last value here would count the lag twice.
+            if state.lag.remove(tp).is_some() {
+                lag_gauge(&shared.config.group, &tp.0, tp.1).set(0.0);
+            }
         }
         drop(state);
+        if !paused.is_empty() {
+            let _ = consumer.resume(&Shared::tpl(
+                paused.into_iter().map(|tp| (tp, Offset::Invalid)),
+            ));
+        }
         if !commit.is_empty()
             && let Err(e) = consumer.commit(&Shared::tpl(commit), CommitMode::Sync)
         {
@@ -282,28 +431,38 @@ impl Context {
 
 /// The consumer thread's loop, until the source is closed or dropped.
 ///
-/// While the buffer is full the thread waits for the runner to take from
-/// it, but polls at least every 100 ms (a message more each time), so that
-/// rebalances are served. Pausing the partitions instead made every resume
-/// a fresh fetch, which held throughput to a few hundred messages a second
-/// (BENCHMARKS.md, "Kafka").
+/// While the buffer is at its high-water mark the thread waits for the
+/// runner to take from it, but polls at least every 100 ms (a message more
+/// each time), so that rebalances are served. Should the buffer still grow
+/// to its bound (the runner stopped fetching), every partition is paused
+/// at the broker until the runner has taken it back to the high-water
+/// mark: memory stays bounded whatever the runner does. Pausing at the
+/// high-water mark itself made every resume a fresh fetch, which held
+/// throughput to a few hundred messages a second (BENCHMARKS.md, "Kafka");
+/// a runner that keeps fetching never reaches the bound.
 pub(crate) fn run(consumer: BaseConsumer<Context>, shared: Arc<Shared>) {
     let mut last_commit = Instant::now();
     while !shared.stop.load(Ordering::Acquire) {
         {
             let mut state = shared.state.lock();
-            if state.buffer.len() >= shared.high_water {
+            let buffered = state.buffer.len();
+            if buffered >= shared.bound {
+                state.full = true;
+            } else if buffered <= shared.high_water {
+                state.full = false;
+            }
+            if !state.full && buffered >= shared.high_water {
                 shared
                     .drained
                     .wait_for(&mut state, Duration::from_millis(100));
             }
         }
+        pause_and_resume(&consumer, &shared);
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => take(&consumer, &shared, &m),
             Some(Err(e)) => tracing::warn!(error = %e, "Kafka consumer error"),
             None => {}
         }
-        hold(&consumer, &shared);
         if last_commit.elapsed() >= shared.config.commit_interval {
             commit(&consumer, &shared, CommitMode::Async);
             last_commit = Instant::now();
@@ -316,6 +475,7 @@ pub(crate) fn run(consumer: BaseConsumer<Context>, shared: Arc<Shared>) {
     let mut state = shared.state.lock();
     state.closed = true;
     state.buffer.clear();
+    state.lanes_paused.clear();
     state.partitions.clear();
     drop(state);
     shared.ready.notify_one();
@@ -370,25 +530,52 @@ fn take(consumer: &BaseConsumer<Context>, shared: &Shared, m: &BorrowedMessage<'
         record_key,
         origin,
     };
+    let delivery = Delivery { message, receipt };
+    if let Some(parked) = state.lanes_paused.get_mut(&delivery.receipt.tp) {
+        // Polled before the pause reached the broker.
+        parked.push_back(delivery);
+        return;
+    }
     let was_empty = state.buffer.is_empty();
-    state.buffer.push_back(Delivery { message, receipt });
+    state.buffer.push_back(delivery);
     drop(state);
     if was_empty {
         shared.ready.notify_one();
     }
 }
 
-/// Pauses the retry partitions whose next message is not due, and resumes
-/// those that are.
-fn hold(consumer: &BaseConsumer<Context>, shared: &Shared) {
+/// Pauses at the broker the partitions that must not be read now, and
+/// resumes the others: every partition while the buffer is full, a
+/// partition whose lane the runner paused, and a retry topic's partition
+/// while its next message is not due. A paused
+/// partition's prefetched messages are dropped by librdkafka; it reads on
+/// from the last message polled when resumed, so nothing is lost or
+/// reordered.
+fn pause_and_resume(consumer: &BaseConsumer<Context>, shared: &Shared) {
     let (pause, resume) = {
         let mut state = shared.state.lock();
-        if state.held_until.is_empty() && state.paused.is_empty() {
+        if state.held_until.is_empty()
+            && state.paused.is_empty()
+            && state.lanes_paused.is_empty()
+            && !state.full
+        {
             return;
         }
         let now = Instant::now();
         state.held_until.retain(|_, until| *until > now);
-        let want: HashSet<Tp> = state.held_until.keys().cloned().collect();
+        let want: HashSet<Tp> = if state.full {
+            state.partitions.keys().cloned().collect()
+        } else {
+            state
+                .held_until
+                .keys()
+                .chain(state.lanes_paused.keys())
+                .cloned()
+                .collect()
+        };
+        if want == state.paused {
+            return;
+        }
         let pause: Vec<Tp> = want.difference(&state.paused).cloned().collect();
         let resume: Vec<Tp> = state.paused.difference(&want).cloned().collect();
         state.paused = want;

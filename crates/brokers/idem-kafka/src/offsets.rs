@@ -5,11 +5,23 @@
 
 use std::collections::VecDeque;
 
+/// Where a handed-out message stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Status {
+    /// With the runner: a revoke waits for it.
+    InWork,
+    /// Nobody works on it (handed back, or its copy waits to be written):
+    /// it holds the commit back, but a revoke or close does not wait for
+    /// it.
+    Abandoned,
+    Finished,
+}
+
 /// The messages of one partition handed out and not yet committable.
 #[derive(Debug, Default)]
 pub(crate) struct Offsets {
-    /// Handed out, in offset order, each with whether it is finished.
-    pending: VecDeque<(i64, bool)>,
+    /// Handed out, in offset order, each with where it stands.
+    pending: VecDeque<(i64, Status)>,
     /// The next offset to commit: every message below it is finished.
     next: Option<i64>,
     /// What was last committed (or found committed).
@@ -26,7 +38,7 @@ impl Offsets {
         {
             return false;
         }
-        self.pending.push_back((offset, false));
+        self.pending.push_back((offset, Status::InWork));
         true
     }
 
@@ -36,12 +48,31 @@ impl Offsets {
         let Ok(i) = self.pending.binary_search_by_key(&offset, |&(o, _)| o) else {
             return false;
         };
-        self.pending[i].1 = true;
-        while let Some(&(o, true)) = self.pending.front() {
+        self.pending[i].1 = Status::Finished;
+        while let Some(&(o, Status::Finished)) = self.pending.front() {
             self.pending.pop_front();
             self.next = Some(o + 1);
         }
         true
+    }
+
+    /// Nobody works on the message at `offset` any more, and it is not
+    /// finished: the commit stays before it, and nothing waits for it.
+    pub(crate) fn abandoned(&mut self, offset: i64) {
+        self.set_unfinished(offset, Status::Abandoned);
+    }
+
+    /// The message at `offset` is in work again (put back in the buffer).
+    pub(crate) fn in_work(&mut self, offset: i64) {
+        self.set_unfinished(offset, Status::InWork);
+    }
+
+    fn set_unfinished(&mut self, offset: i64, status: Status) {
+        if let Ok(i) = self.pending.binary_search_by_key(&offset, |&(o, _)| o)
+            && self.pending[i].1 != Status::Finished
+        {
+            self.pending[i].1 = status;
+        }
     }
 
     /// Forgets the handed-out messages from `offset` on (taken back before
@@ -67,9 +98,13 @@ impl Offsets {
         self.committed = None;
     }
 
-    /// Messages handed out and not finished.
+    /// Messages handed out, in work and not finished (abandoned ones are
+    /// not counted: nothing will finish them).
     pub(crate) fn unfinished(&self) -> usize {
-        self.pending.iter().filter(|&&(_, done)| !done).count()
+        self.pending
+            .iter()
+            .filter(|&&(_, status)| status == Status::InWork)
+            .count()
     }
 }
 
@@ -122,6 +157,23 @@ mod tests {
         assert_eq!(o.unfinished(), 2);
         assert!(o.delivered(3), "redelivered after the seek");
         assert!(!o.delivered(2), "not above the last");
+    }
+
+    #[test]
+    fn an_abandoned_message_holds_the_commit_but_is_not_waited_for() {
+        let mut o = Offsets::default();
+        for offset in 0..3 {
+            o.delivered(offset);
+        }
+        o.abandoned(1);
+        o.finished(0);
+        o.finished(2);
+        assert_eq!(o.unfinished(), 0, "nothing in work");
+        assert_eq!(o.to_commit(), Some(1), "the commit stays before 1");
+        o.in_work(1);
+        assert_eq!(o.unfinished(), 1);
+        o.finished(1);
+        assert_eq!(o.to_commit(), Some(3));
     }
 
     proptest! {

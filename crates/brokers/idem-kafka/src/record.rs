@@ -3,6 +3,7 @@
 
 use bytes::Bytes;
 use idem_consumer::Message;
+use idem_consumer::copy::{self, CopyValue, HeaderRules};
 use rdkafka::Message as _;
 use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
 
@@ -108,32 +109,27 @@ pub(crate) fn message(
     (message, m.key().map(Bytes::copy_from_slice), origin)
 }
 
-/// The headers of a copy: the message's own, less those idem sets, then
-/// the origin and `extra`.
-pub(crate) fn copy_headers(
-    message: &Message,
-    origin: &str,
-    extra: &[(&str, String)],
-) -> OwnedHeaders {
-    let ours = |name: &str| {
-        [DUE, ATTEMPTS, ORIGIN].contains(&name) || extra.iter().any(|(e, _)| *e == name)
-    };
-    let mut headers = OwnedHeaders::new_with_capacity(message.headers.len() + extra.len() + 1);
-    for (name, value) in message.headers.iter().filter(|(n, _)| !ours(n)) {
-        headers = headers.insert(Header {
-            key: name,
-            value: Some(value.as_ref()),
-        });
-    }
-    headers = headers.insert(Header {
-        key: ORIGIN,
-        value: Some(origin),
-    });
-    for (name, value) in extra {
-        headers = headers.insert(Header {
+/// The headers of a retry copy or dead letter of `message`: its own (less
+/// a retried copy's `idem-due`, which only a retry sets anew), then
+/// `idem`'s, whose names replace the original's and whose values are made
+/// safe ([`idem_consumer::copy`]). Kafka acts on no header name.
+pub(crate) fn copy_headers(message: &Message, idem: &[(&str, &str)]) -> OwnedHeaders {
+    let original = message
+        .headers
+        .iter()
+        .filter(|(name, _)| !name.eq_ignore_ascii_case(DUE))
+        .map(|(name, value)| (name.as_str(), value));
+    let headers = copy::copy_headers(original, HeaderRules::PLAIN, idem);
+    let mut owned = OwnedHeaders::new_with_capacity(headers.len());
+    for (name, value) in &headers {
+        let value: &[u8] = match value {
+            CopyValue::Original(v) => v,
+            CopyValue::Idem(text) => text.as_bytes(),
+        };
+        owned = owned.insert(Header {
             key: name,
             value: Some(value),
         });
     }
-    headers
+    owned
 }

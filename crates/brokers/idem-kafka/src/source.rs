@@ -1,31 +1,38 @@
 //! [`KafkaSource`]: a consumer group member as the runner's [`Source`].
 
+use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use bytes::Bytes;
+use idem_consumer::copy::header_text;
 use idem_consumer::{DeadLetter, Delivery, RetryReason, Source, SourceError};
 use parking_lot::Mutex;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::error::KafkaError;
+use rdkafka::message::OwnedHeaders;
+use rdkafka::producer::future_producer::OwnedDeliveryResult;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 
 use crate::config::{KafkaConfig, OffsetReset, RetryMode};
 use crate::consumer::{self, Context, Shared, now_ms};
 use crate::error::ConnectError;
-use crate::record::{self, ATTEMPTS, DUE, Receipt};
+use crate::record::{self, ATTEMPTS, DUE, ORIGIN, Receipt};
 
 /// How long connecting waits for the brokers' metadata.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a copy to a retry or dead-letter topic may wait in the
-/// producer's queue.
-const SEND_TIMEOUT: Duration = Duration::from_secs(30);
-/// After a copy could not be written, how long before the message is
-/// handed out again.
-const PUT_BACK_AFTER: Duration = Duration::from_secs(1);
+/// How long a retry or dead letter waits for its copy to be written before
+/// the source keeps the copy and the settle returns.
+const SETTLE_WAIT: Duration = Duration::from_secs(5);
+/// After a copy could not be written, the first wait before writing it
+/// again; each next wait is twice as long, up to [`REWRITE_MAX`].
+const REWRITE_FIRST: Duration = Duration::from_secs(1);
+/// The longest wait between two writes of a copy.
+const REWRITE_MAX: Duration = Duration::from_secs(60);
 
 /// A member of a Kafka consumer group, for [`Runner`](idem_consumer::Runner).
 ///
@@ -62,7 +69,7 @@ struct Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         // The thread commits what finished and leaves the group.
-        self.shared.stop.store(true, Ordering::Release);
+        self.shared.stop();
     }
 }
 
@@ -128,7 +135,7 @@ impl KafkaSource {
     ///
     /// Dropping the future leaves the close to finish in the background.
     pub async fn close(&self) {
-        self.inner.shared.stop.store(true, Ordering::Release);
+        self.inner.shared.stop();
         let thread = self.inner.thread.lock().take();
         if let Some(thread) = thread {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
@@ -147,6 +154,19 @@ impl KafkaSource {
         tps
     }
 
+    /// Messages polled from the broker and not yet fetched by the runner.
+    /// At most `5 × max(4 × concurrency, 256) / 4` (see
+    /// [`KafkaConfig::concurrency`]), whatever the runner does.
+    pub fn buffered(&self) -> usize {
+        let state = self.inner.shared.state.lock();
+        state.buffer.len()
+            + state
+                .lanes_paused
+                .values()
+                .map(VecDeque::len)
+                .sum::<usize>()
+    }
+
     /// The consumer lag of each partition held, as last reported by
     /// librdkafka's statistics: messages after the committed offset.
     pub fn lag(&self) -> Vec<(String, i32, i64)> {
@@ -161,36 +181,111 @@ impl KafkaSource {
     }
 
     /// Writes a copy of `delivery` to `topic` with `headers` (on top of
-    /// its own and its origin), then finishes it; when the copy cannot be
-    /// written, the message is handed out again a moment later.
+    /// its own and its origin), then finishes it. A copy not written
+    /// within [`SETTLE_WAIT`] is kept by the source, which writes it again
+    /// with a growing delay while the message's offset stays uncommitted:
+    /// the handler is not run again for it.
     async fn copy_then_finish(
         &self,
         delivery: Delivery<Receipt>,
-        topic: &str,
+        topic: String,
         headers: &[(&str, String)],
     ) -> Result<(), SourceError> {
         let Delivery { message, receipt } = &delivery;
-        let copy_headers = record::copy_headers(message, &receipt.origin(), headers);
-        let mut record = FutureRecord::to(topic)
-            .payload(message.body.as_ref())
-            .headers(copy_headers);
-        if let Some(key) = &receipt.record_key {
-            record = record.key(key.as_ref());
-        }
-        match self.inner.producer.send(record, SEND_TIMEOUT).await {
-            Ok(_) => {
-                self.inner.shared.finish(receipt);
+        let origin = receipt.origin();
+        let idem: Vec<(&str, &str)> = std::iter::once((ORIGIN, origin.as_str()))
+            .chain(headers.iter().map(|(name, value)| (*name, value.as_str())))
+            .collect();
+        let headers = record::copy_headers(message, &idem);
+        let copy = OutgoingCopy {
+            topic,
+            headers,
+            delivery,
+        };
+        let shared = &self.inner.shared;
+        let first = match copy.enqueue(&self.inner.producer) {
+            Err(e) => Err(e),
+            Ok(mut pending) => match tokio::time::timeout(SETTLE_WAIT, &mut pending).await {
+                Ok(written) => written_or_error(written),
+                Err(_) => {
+                    let what = format!("writing a copy to {}", copy.topic);
+                    shared.abandon(&copy.delivery.receipt);
+                    self.keep_writing(copy, Some(pending));
+                    return Err(SourceError::new(
+                        what,
+                        format!(
+                            "not written within {SETTLE_WAIT:?}; the source waits for it, holding the message's offset"
+                        ),
+                    ));
+                }
+            },
+        };
+        match first {
+            Ok(()) => {
+                shared.finish(&copy.delivery.receipt);
                 Ok(())
             }
-            Err((e, _)) => {
-                self.put_back_later(delivery, PUT_BACK_AFTER);
-                Err(SourceError::new(format!("writing a copy to {topic}"), e))
+            Err(e) => {
+                let kind = failed(&copy.topic, &e);
+                let what = format!("writing a copy to {}", copy.topic);
+                shared.abandon(&copy.delivery.receipt);
+                self.keep_writing(copy, None);
+                Err(SourceError::new(
+                    what,
+                    format!(
+                        "{} ({kind}); the source writes it again later, holding the message's offset",
+                        header_text(&e.to_string())
+                    ),
+                ))
             }
         }
     }
 
+    /// Writes `copy` in the background until it is written, waiting
+    /// [`REWRITE_FIRST`] after a failure, twice as long after each next
+    /// one, up to [`REWRITE_MAX`]; then finishes its message. Gives up
+    /// when the source closes or the partition is taken away: the message
+    /// was never committed past, so it comes again.
+    fn keep_writing(&self, copy: OutgoingCopy, mut pending: Option<DeliveryFuture>) {
+        let shared = self.inner.shared.clone();
+        let producer = self.inner.producer.clone();
+        tokio::spawn(async move {
+            let mut wait = REWRITE_FIRST;
+            loop {
+                let written = match pending.take() {
+                    Some(pending) => written_or_error(pending.await),
+                    None => {
+                        if !shared.sleep_unless_stopped(wait).await
+                            || !shared.holds(&copy.delivery.receipt)
+                        {
+                            return;
+                        }
+                        wait = (wait * 2).min(REWRITE_MAX);
+                        match copy.enqueue(&producer) {
+                            Ok(pending) => written_or_error(pending.await),
+                            Err(e) => Err(e),
+                        }
+                    }
+                };
+                match written {
+                    Ok(()) => {
+                        tracing::info!(topic = %copy.topic, "a copy held back is written");
+                        shared.finish(&copy.delivery.receipt);
+                        return;
+                    }
+                    Err(e) => {
+                        failed(&copy.topic, &e);
+                    }
+                }
+            }
+        });
+    }
+
+    /// Puts the delivery back in the buffer after `after`; until then no
+    /// revoke or close waits for it.
     fn put_back_later(&self, delivery: Delivery<Receipt>, after: Duration) {
         let shared = self.inner.shared.clone();
+        shared.abandon(&delivery.receipt);
         tokio::spawn(async move {
             tokio::time::sleep(after).await;
             shared.put_back(delivery);
@@ -270,7 +365,7 @@ impl Source for KafkaSource {
                 let due = now_ms() + wait.as_millis() as i64;
                 self.copy_then_finish(
                     delivery,
-                    &topic,
+                    topic,
                     &[(ATTEMPTS, made.to_string()), (DUE, due.to_string())],
                 )
                 .await
@@ -296,15 +391,120 @@ impl Source for KafkaSource {
         let topic = self.inner.shared.config.dead_letter_topic();
         let headers = why.headers();
         let headers: Vec<(&str, String)> = headers.iter().map(|(n, v)| (*n, v.clone())).collect();
-        self.copy_then_finish(delivery, &topic, &headers).await
+        self.copy_then_finish(delivery, topic, &headers).await
+    }
+
+    /// With partition lanes: the partition's messages already polled are
+    /// kept out of [`fetch`](Source::fetch), in order, and the partition is
+    /// paused at the broker (librdkafka's pause, by the consumer thread),
+    /// so that the messages behind one waiting in place take no room in
+    /// the runner. With key lanes it does nothing.
+    fn pause_lane(&self, lane: &Bytes) {
+        self.inner.shared.pause_lane(lane);
+    }
+
+    /// Hands the lane's kept messages out first, in order, and resumes the
+    /// partition at the broker.
+    fn resume_lane(&self, lane: &Bytes) {
+        self.inner.shared.resume_lane(lane);
     }
 
     /// Leaves the offset uncommitted: the message comes again to whoever
-    /// holds the partition after this member closes.
+    /// holds the partition after this member closes. Nothing waits for it
+    /// any more: a revoke or [`close`](KafkaSource::close) goes ahead
+    /// without it.
     async fn requeue(&self, delivery: Delivery<Receipt>) -> Result<(), SourceError> {
-        drop(delivery);
+        self.inner.shared.abandon(&delivery.receipt);
         Ok(())
     }
+}
+
+/// A copy of a delivery for a retry or dead-letter topic, kept until it is
+/// written.
+struct OutgoingCopy {
+    topic: String,
+    headers: OwnedHeaders,
+    delivery: Delivery<Receipt>,
+}
+
+impl OutgoingCopy {
+    /// Hands the copy to the producer; the future answers once the brokers
+    /// have it, or why not. A copy the producer refuses at once (too large)
+    /// is an error here.
+    fn enqueue(&self, producer: &FutureProducer) -> Result<DeliveryFuture, KafkaError> {
+        let mut record = FutureRecord::to(&self.topic)
+            .payload(self.delivery.message.body.as_ref())
+            .headers(self.headers.clone());
+        if let Some(key) = &self.delivery.receipt.record_key {
+            record = record.key(key.as_ref());
+        }
+        producer.send_result(record).map_err(|(e, _)| e)
+    }
+}
+
+/// The outcome of a delivery future; a producer gone is `Canceled`.
+fn written_or_error<E>(delivery: Result<OwnedDeliveryResult, E>) -> Result<(), KafkaError> {
+    match delivery {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err((e, _))) => Err(e),
+        Err(_) => Err(KafkaError::Canceled),
+    }
+}
+
+/// Whether writing a copy failed for good: the same copy is refused again
+/// however long the source waits (too large, not allowed, no such topic
+/// name), until someone changes the topic's or the client's settings.
+fn permanent(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::MessageSizeTooLarge
+                | C::InvalidMessageSize
+                | C::MessageBatchTooLarge
+                | C::InvalidTopic
+                | C::TopicAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+                | C::TransactionalIdAuthorizationFailed
+                | C::InvalidRecord
+                | C::InvalidRequiredAcks
+                | C::UnsupportedForMessageFormat
+                | C::PolicyViolation
+                | C::InvalidArgument
+                | C::Fatal
+        )
+    )
+}
+
+/// Logs a failed write of a copy to `topic` and counts it in
+/// `idem_kafka_copy_failures_total{topic,kind}`; the kind.
+fn failed(topic: &str, e: &KafkaError) -> &'static str {
+    let kind = if permanent(e) {
+        "permanent"
+    } else {
+        "transient"
+    };
+    metrics::counter!(
+        "idem_kafka_copy_failures_total",
+        "topic" => topic.to_owned(),
+        "kind" => kind,
+    )
+    .increment(1);
+    let error = header_text(&e.to_string()).into_owned();
+    if kind == "permanent" {
+        tracing::error!(
+            topic,
+            %error,
+            "a copy cannot be written and will not be until the topic's or the client's settings change; the source keeps trying with a growing delay, holding the message's offset"
+        );
+    } else {
+        tracing::warn!(
+            topic,
+            %error,
+            "writing a copy failed; the source tries again with a growing delay, holding the message's offset"
+        );
+    }
+    kind
 }
 
 /// The consumer's settings: the group, offsets committed by the source
@@ -358,7 +558,8 @@ fn client_config(config: &KafkaConfig) -> ClientConfig {
 }
 
 /// Creates the topic when missing (with `partitions`, default 1), and its
-/// retry and dead-letter topics with as many partitions as it has.
+/// retry and dead-letter topics with as many partitions as it has, each
+/// with the configured replication (default: the brokers').
 fn ensure_topics(base: &ClientConfig, config: &KafkaConfig) -> Result<(), ConnectError> {
     let admin: AdminClient<DefaultClientContext> = base
         .create()
@@ -377,6 +578,10 @@ fn ensure_topics(base: &ClientConfig, config: &KafkaConfig) -> Result<(), Connec
         .map(|t| t.partitions().len() as i32)
         .filter(|&n| n > 0);
     let partitions = existing.or(config.partitions).unwrap_or(1);
+    // -1: the brokers' `default.replication.factor`. A copy's original is
+    // committed once the copy is written, so the copy's topic must be as
+    // durable as the brokers make topics.
+    let replication = config.replication.map_or(-1, i32::from);
     let mut wanted = Vec::new();
     if existing.is_none() {
         wanted.push(config.topic.clone());
@@ -385,7 +590,7 @@ fn ensure_topics(base: &ClientConfig, config: &KafkaConfig) -> Result<(), Connec
     wanted.push(config.dead_letter_topic());
     let new: Vec<NewTopic<'_>> = wanted
         .iter()
-        .map(|name| NewTopic::new(name, partitions, TopicReplication::Fixed(1)))
+        .map(|name| NewTopic::new(name, partitions, TopicReplication::Fixed(replication)))
         .collect();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -400,6 +605,14 @@ fn ensure_topics(base: &ClientConfig, config: &KafkaConfig) -> Result<(), Connec
     for result in created {
         match result {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((name, RDKafkaErrorCode::InvalidReplicationFactor)) => {
+                return Err(ConnectError::Kafka(format!(
+                    "creating topic {name}: the brokers refuse {} replicas (set `replication=` in the URL to at most the number of brokers)",
+                    config
+                        .replication
+                        .map_or("their default number of".to_owned(), |n| n.to_string())
+                )));
+            }
             Err((name, code)) => {
                 return Err(ConnectError::Kafka(format!(
                     "creating topic {name}: {code}"

@@ -175,3 +175,50 @@ async fn blocking_retries_keep_the_partition_in_order() {
         "blocking mode writes no retry copies"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_carries_idem_headers_on_one_capped_line() {
+    let Some(f) = Fixture::new("dead-letter-headers", 1).await else {
+        return;
+    };
+    // A record that claims an origin over several lines, and a handler
+    // whose error body spans lines and runs long.
+    f.publisher
+        .publish(
+            &f.topic,
+            Some(0),
+            Some(b"k"),
+            "multi",
+            &[("idem-origin", b"elsewhere\r\nx-forged: 1")],
+            b"{}",
+        )
+        .await
+        .unwrap();
+    let error = format!(
+        "{{\n  \"title\": \"refused\",\n  \"detail\": \"{}\"\n}}",
+        "y".repeat(5000)
+    );
+    let handler = move |_m: Message, _c: ClaimHandle| {
+        std::future::ready(Err::<Bytes, _>(HandlerError::permanent(error.clone())))
+    };
+    let source = f.source("").await;
+    let running = Running::start(Runner::new(
+        Guard::new(MemoryStore::new()),
+        source.clone(),
+        handler,
+    ));
+    let dead = f.read(&format!("{}-dlt", f.topic), 1).await;
+    running.stop().await;
+    source.close().await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    let headers = &dead[0].headers;
+    let last_error = &headers["idem-last-error"];
+    assert!(
+        last_error.starts_with("{\\n  \"title\": \"refused\""),
+        "{last_error}"
+    );
+    assert!(!last_error.contains(['\n', '\r']), "{last_error}");
+    assert!(last_error.len() <= 1024, "{} bytes", last_error.len());
+    assert_eq!(headers["idem-origin"], "elsewhere\\r\\nx-forged: 1");
+    assert!(!headers.contains_key("x-forged"));
+}

@@ -3,6 +3,8 @@
 //! publisher, and readers of topics and committed offsets.
 #![allow(dead_code)]
 
+pub mod recorder;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
