@@ -46,9 +46,10 @@ pub struct StoreArgs {
     /// Where records live: file://PATH (default file://./idem-data), memory://,
     /// redis://HOST:PORT or redis+cluster://HOST:PORT,HOST:PORT (rediss://
     /// and rediss+cluster:// for TLS), postgres://USER@HOST:PORT/DB or
-    /// mysql://USER@HOST:PORT/DB (with ?shards=N&table=PREFIX&pool_size=N;
-    /// sslmode=require or ssl-mode=REQUIRED for TLS).
-    #[arg(long, env = "IDEM_STORE", value_name = "URL")]
+    /// mysql://USER@HOST:PORT/DB (with ?shards=N&table=PREFIX&pool_size=N
+    /// &lock_timeout=5s; sslmode=require or ssl-mode=REQUIRED for TLS).
+    // The URL may hold a password: help never shows the environment's value.
+    #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
     pub store: Option<String>,
     /// How the file store makes completions durable [default: group].
     #[arg(long, env = "IDEM_DURABILITY", value_enum)]

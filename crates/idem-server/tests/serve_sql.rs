@@ -159,6 +159,55 @@ async fn migrate_and_sweep_do_their_upkeep_and_say_so() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upkeep_output_and_help_never_show_the_store_password() {
+    let (service, url) = databases().into_iter().next().unwrap();
+    if !reachable(service, &url) {
+        return;
+    }
+    // The test server trusts local logins, so any password is accepted: one
+    // in the user information, one as a query parameter.
+    let Some((scheme, rest)) = url.split_once("://") else {
+        panic!("{url} has a scheme")
+    };
+    let with_password = match rest.split_once('@') {
+        Some((user, host)) => format!(
+            "{scheme}://{}:hunter1@{host}",
+            user.split(':').next().unwrap()
+        ),
+        None => format!("{scheme}://postgres:hunter1@{rest}"),
+    };
+    let prefix = format!("idem_redacted_{}", std::process::id());
+    let store = with(&with_password, &format!("password=hunter2&table={prefix}"));
+    for command in [
+        vec!["migrate", "--store", &store],
+        vec!["sweep", "--store", &store],
+    ] {
+        let (code, out, err) = run(&command, &[]);
+        assert_eq!(code, 0, "{service}: {err}");
+        assert!(out.contains("***"), "{out}");
+        for secret in ["hunter1", "hunter2"] {
+            assert!(
+                !out.contains(secret) && !err.contains(secret),
+                "{command:?} showed the password: {out}{err}"
+            );
+        }
+    }
+    // Help shows where settings come from, not what the environment holds.
+    let (_, out, err) = run(&["sweep", "--help"], &[("IDEM_STORE", &store)]);
+    assert!(out.contains("IDEM_STORE"), "{out}");
+    assert!(!out.contains("hunter") && !err.contains("hunter"), "{out}");
+    let tables = [prefix.clone(), format!("{prefix}_schema")];
+    drop_tables(
+        &url,
+        tables
+            .iter()
+            .map(|t| format!("DROP TABLE \"{t}\""))
+            .collect(),
+    )
+    .await;
+}
+
 async fn drop_tables(url: &str, statements: Vec<String>) {
     use sqlx::{AssertSqlSafe, Connection, Executor};
     for sql in statements {

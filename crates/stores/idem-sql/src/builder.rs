@@ -538,19 +538,61 @@ fn parse_duration(value: &str) -> Option<Duration> {
         .map(Duration::from_secs)
 }
 
-/// `url` with its password replaced by `***`.
+/// `url` with every credential the drivers accept replaced by `***`: the
+/// password in `user:password@`, and query parameters that carry a secret
+/// (`password=`, `sslpassword=`, `sslkey=` and their spellings). Use it
+/// wherever a store URL is shown: logs, errors, command output.
 pub fn redacted(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{path}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
+    let (before_query, query) = match rest.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (rest, None),
+    };
+    let mut out = format!("{scheme}://");
+    // Everything before the last '@' is user information, also when a
+    // password holds an unencoded '/' or '@'.
+    match before_query.rsplit_once('@') {
+        Some((userinfo, host_and_path)) => {
+            match userinfo.split_once(':') {
+                Some((user, _)) => {
+                    out.push_str(user);
+                    out.push_str(":***");
+                }
+                None => out.push_str(userinfo),
+            }
+            out.push('@');
+            out.push_str(host_and_path);
+        }
+        None => out.push_str(before_query),
     }
+    if let Some(query) = query {
+        out.push('?');
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((name, _)) if secret_param(name) => format!("{name}=***"),
+                _ => pair.to_owned(),
+            })
+            .collect();
+        out.push_str(&pairs.join("&"));
+    }
+    out
+}
+
+/// Whether a URL query parameter named `name` carries a secret: a
+/// password in any spelling, or a client key.
+fn secret_param(name: &str) -> bool {
+    let name = name.to_ascii_lowercase().replace(['-', '_'], "");
+    name.contains("password")
+        || name.contains("passwd")
+        || name.contains("secret")
+        || name.contains("token")
+        || matches!(
+            name.as_str(),
+            "pass" | "pwd" | "sslkey" | "key" | "clientkey" | "sslclientkey"
+        )
 }
 
 #[cfg(test)]
@@ -597,5 +639,25 @@ mod tests {
             "postgres://app:***@db:5432/x?sslmode=require"
         );
         assert_eq!(redacted("mysql://root@h/test"), "mysql://root@h/test");
+        assert_eq!(redacted("mysql://:pw@h/test"), "mysql://:***@h/test");
+        assert_eq!(
+            redacted("postgres://app@db/x?password=s3cret&sslmode=require"),
+            "postgres://app@db/x?password=***&sslmode=require"
+        );
+        assert_eq!(
+            redacted("postgres://db?user=app&Password=s3cret"),
+            "postgres://db?user=app&Password=***"
+        );
+        assert_eq!(
+            redacted(
+                "postgres://a:b@db/x?sslpassword=k1&sslkey=/k.pem&ssl-key=/k2.pem&ssl-key-password=k3&sslrootcert=/ca.pem"
+            ),
+            "postgres://a:***@db/x?sslpassword=***&sslkey=***&ssl-key=***&ssl-key-password=***&sslrootcert=/ca.pem"
+        );
+        // A password holding '@' or '/' as the drivers take it, undecoded.
+        assert_eq!(
+            redacted("mysql://app:p@ss/w@db:3306/test"),
+            "mysql://app:***@db:3306/test"
+        );
     }
 }
