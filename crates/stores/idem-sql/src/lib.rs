@@ -19,11 +19,14 @@
 //! # }
 //! ```
 //!
-//! - **One statement per operation**, decided by the database: `begin` is
-//!   an `INSERT … ON CONFLICT DO UPDATE … WHERE` (PostgreSQL) or
+//! - **One write statement per operation**, decided by the database:
+//!   `begin` is an `INSERT … ON CONFLICT DO UPDATE … WHERE` (PostgreSQL) or
 //!   `INSERT … ON DUPLICATE KEY UPDATE` with conditional assignments
 //!   (MySQL/MariaDB) that takes an absent, released or lapsed key and
-//!   leaves a live one alone. Never a read, then a write.
+//!   leaves a live one alone. Never a read, then a write. PostgreSQL reads
+//!   the answer in the same statement; MySQL, which returns no rows from a
+//!   write, reads it with a second statement (in the same round trip for
+//!   `begin` and `extend`, only when needed for `complete`).
 //! - **The database's clock** decides leases and retention, so hosts with
 //!   skewed clocks agree.
 //! - **Fencing tokens** are the key's last token plus one, at least the

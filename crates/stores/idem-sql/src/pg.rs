@@ -1,6 +1,7 @@
 //! The record statements on PostgreSQL.
 //!
-//! Each operation is one statement, run in autocommit: `begin` is an
+//! Each operation is one statement, run in autocommit (on MySQL it takes
+//! more; see `mysql.rs`): `begin` is an
 //! `INSERT … ON CONFLICT DO UPDATE … WHERE` that takes an absent, released
 //! or lapsed key and leaves a live one alone, and reads back what it found
 //! in the same statement. Batches pass their items as arrays (`unnest`), so

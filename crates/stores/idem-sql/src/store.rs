@@ -472,8 +472,7 @@ impl Store for SqlStore {
         .await
     }
 
-    /// `begin_many`: one statement per shard and [`ITEMS_PER_STATEMENT`]
-    /// items. When some statements fail, answers the error and releases
+    /// `begin_many`: one statement per shard and 512 items. When some statements fail, answers the error and releases
     /// the claims the others made, since the caller gets no tokens to
     /// complete them.
     async fn begin_many(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
