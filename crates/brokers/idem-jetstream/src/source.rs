@@ -13,7 +13,9 @@ use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use idem_consumer::copy::{CopyValue, HeaderRules, copy_headers};
-use idem_consumer::{DeadLetter, Delivery, Message, RetryReason, Source, SourceError};
+use idem_consumer::{
+    Capabilities, DeadLetter, Delivery, Message, RetryReason, Source, SourceError,
+};
 use idem_core::BoxError;
 
 use crate::connect::{self, ConnectError};
@@ -37,14 +39,14 @@ const FETCH_WAIT: Duration = Duration::from_secs(1);
 ///
 /// **Attempts.** [`Message::attempt`] is the server's delivery count for the
 /// message. NATS cannot carry a count of its own on a nak, so every
-/// delivery counts: a busy retry (another consumer holds the key) and a
-/// retry while the store was unreachable use up an attempt as a handler
-/// failure does (a hand-back at shutdown may too, unless the server rolls
-/// back the delivery of the last message it sent). A delivery that died with its
-/// consumer counts too, so a message that kills the process is
-/// dead-lettered eventually. Give [`Runner::max_attempts`](idem_consumer::Runner::max_attempts)
-/// room for the busy retries you expect (a key held by a consumer that
-/// died is retried until its lease expires).
+/// delivery counts: a retry while the store was unreachable uses up an
+/// attempt as a handler failure does (a hand-back at shutdown may too,
+/// unless the server rolls back the delivery of the last message it sent).
+/// A busy retry (another consumer holds the key) does not: the source says
+/// so ([`Capabilities::busy_retry_uses_attempt`]), and the runner holds the
+/// message, kept alive with `+WPI`, until the key is free, instead of
+/// naking it. A delivery that died with its consumer counts, so a message
+/// that kills the process is dead-lettered eventually.
 ///
 /// **Dead letters** keep the body and headers, add `idem-key`,
 /// `idem-attempts` and `idem-last-error` (escaped to one line), and carry
@@ -99,7 +101,7 @@ impl JetStreamSource {
                 consumer = %config.consumer,
                 ack_wait = ?declared.ack_wait,
                 ?lease,
-                "the consumer's AckWait is shorter than the guard's lease: a message whose consumer died comes back while its claim is still held and is retried as busy, using up attempts; set ack_wait (URL `ack_wait=`) to at least the lease"
+                "the consumer's AckWait is shorter than the guard's lease: a message whose consumer died comes back while its claim is still held and waits in the runner until the lease ends; set ack_wait (URL `ack_wait=`) to at least the lease"
             );
         }
         Ok(Self {
@@ -385,6 +387,12 @@ impl Source for JetStreamSource {
 
     async fn requeue(&self, delivery: Delivery<Receipt>) -> Result<(), SourceError> {
         settle(&delivery.receipt, AckKind::Nak(None), "handing back").await
+    }
+
+    /// Every nak is a delivery the server counts, so busy retries wait in
+    /// the runner; progress acks hold a message as long as they are sent.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default().busy_retry_uses_attempt(true)
     }
 
     fn keep_alive_every(&self) -> Option<Duration> {

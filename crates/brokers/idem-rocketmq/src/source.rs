@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem_consumer::copy::{CopyValue, HeaderRules, copy_headers};
-use idem_consumer::{DeadLetter, Delivery, Message, RetryReason, Source, SourceError};
+use idem_consumer::{
+    Capabilities, DeadLetter, Delivery, Message, RetryReason, Source, SourceError,
+};
 use rocketmq_client_rust::{
     ClientConfig, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, DefaultMQPushConsumer,
     MQPushConsumer, MessageListenerConcurrently,
@@ -48,9 +50,14 @@ const CONTENT_TYPE: &str = "content-type";
 /// one. The listener cannot pick a delay level (the client hands it the
 /// context read-only), so every retry waits the broker's next level
 /// (`messageDelayLevel` level 3 + reconsume count: 10 s, 30 s, 1 min, 2 min
-/// … by default) whatever delay the runner asks for, and every retry counts,
-/// a busy key or an unreachable store too: give the runner's
+/// … by default) whatever delay the runner asks for, and every retry at the
+/// broker counts, an unreachable store too: give the runner's
 /// [`max_attempts`](idem_consumer::Runner::max_attempts) room for them.
+/// A busy retry (another consumer holds the key, as after a crash, until
+/// its lease ends) does not go to the broker: the source says it would
+/// count ([`Capabilities::busy_retry_uses_attempt`]), and the runner holds
+/// the message, its listener waiting, until the key is free, for at most
+/// [`MAX_HOLD`](Self::MAX_HOLD) (then it goes to the broker).
 /// A consumer that dies holding a message does not raise the count: the
 /// next consumer starts again from the committed offset.
 ///
@@ -133,6 +140,16 @@ impl MessageListenerConcurrently for Bridge {
 }
 
 impl RocketMqSource {
+    /// The longest the runner holds a message waiting to retry in place
+    /// (a busy key): 10 min. The client's consume timeout is 15 min: a
+    /// message its listener has waited on longer is sent back to the broker
+    /// by the client itself (it looks every 15 min), a redelivery with its
+    /// reconsume count raised while idem still holds the message. The
+    /// third left over covers the time a message waits in the hand-off
+    /// channel before the runner fetches it, and its last handler run. Any
+    /// lease of minutes fits.
+    pub const MAX_HOLD: Duration = Duration::from_secs(10 * 60);
+
     /// Starts a clustering push consumer of the topic in the group (which
     /// also consumes the group's retry topic `%RETRY%GROUP`), starting at
     /// the group's committed offsets, or at the first stored message for a
@@ -440,6 +457,14 @@ impl Source for RocketMqSource {
             .await
             .map_err(fail)?;
         receipt.answer(Verdict::Consumed, "acking the dead-lettered")
+    }
+
+    /// Every `ReconsumeLater` raises the reconsume count, so busy retries
+    /// wait in the runner, within the client's consume timeout.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+            .busy_retry_uses_attempt(true)
+            .max_hold(Self::MAX_HOLD)
     }
 
     async fn requeue(&self, mut delivery: Delivery<Receipt>) -> Result<(), SourceError> {
