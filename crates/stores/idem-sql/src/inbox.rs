@@ -110,8 +110,10 @@ impl Inbox {
                     format!(
                         r#"INSERT INTO {t} ("namespace", "key", "consumed_at") VALUES ($1, $2, now()) ON CONFLICT DO NOTHING"#
                     ),
+                    // By physical address, the oldest first through the index
+                    // on consumed_at: no join back over the table.
                     format!(
-                        r#"DELETE FROM {t} WHERE ("namespace", "key") IN (SELECT "namespace", "key" FROM {t} WHERE "consumed_at" < now() - $1 * interval '1 microsecond' LIMIT $2)"#
+                        r#"DELETE FROM {t} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {t} WHERE "consumed_at" < now() - $1 * interval '1 microsecond' ORDER BY "consumed_at" LIMIT $2 FOR UPDATE SKIP LOCKED))"#
                     ),
                 ),
                 // No INSERT IGNORE: it would turn every error (a truncated
