@@ -68,4 +68,4 @@ pub use memory::MemorySource;
 pub use message::{Delivery, Message};
 pub use runner::{Readiness, Report, RunError, Runner};
 pub use source::{Capabilities, DeadLetter, RetryReason, Source, SourceError};
-pub use timed::{AckTimes, Timed};
+pub use timed::{AckTimes, Latencies, Timed};

@@ -19,12 +19,121 @@ pub struct Timed<S> {
     times: Arc<AckTimes>,
 }
 
-/// What a [`Timed`] source recorded.
+/// What a [`Timed`] source recorded: a bounded histogram, however long it
+/// runs.
 #[derive(Debug, Default)]
 pub struct AckTimes {
-    latencies: Mutex<Vec<Duration>>,
+    latencies: Mutex<Latencies>,
     acked: AtomicUsize,
     changed: Notify,
+}
+
+/// Sub-buckets per power of two: each bucket is at most 1/64 (1.6 %) wide.
+const SUB_BUCKETS: u64 = 64;
+/// Buckets for every `u64` of nanoseconds: 64 exact ones, then 64 per
+/// power of two from 2^6 to 2^63.
+const BUCKETS: usize = (SUB_BUCKETS + (64 - 6) * SUB_BUCKETS) as usize;
+
+/// Latencies in a histogram of fixed size (about 30 KiB): log-linear
+/// buckets over every duration up to `u64::MAX` nanoseconds, each at most
+/// 1.6 % wide, so a run of any length reads back its quantiles to within
+/// that.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_consumer::Latencies;
+/// let l: Latencies = (1..=100).map(Duration::from_millis).collect();
+/// assert_eq!(l.count(), 100);
+/// let p50 = l.quantile(0.5);
+/// assert!(p50 >= Duration::from_millis(50) && p50 <= Duration::from_millis(51));
+/// assert_eq!(l.max(), Duration::from_millis(100));
+/// ```
+#[derive(Clone, Debug)]
+pub struct Latencies {
+    buckets: Box<[u64]>,
+    count: u64,
+    max: Duration,
+}
+
+impl Default for Latencies {
+    fn default() -> Self {
+        Self {
+            buckets: vec![0; BUCKETS].into_boxed_slice(),
+            count: 0,
+            max: Duration::ZERO,
+        }
+    }
+}
+
+impl Latencies {
+    /// Adds one latency.
+    pub fn record(&mut self, latency: Duration) {
+        let nanos = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        self.buckets[bucket_of(nanos)] += 1;
+        self.count += 1;
+        self.max = self.max.max(latency);
+    }
+
+    /// How many latencies were recorded.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The largest latency recorded (exact).
+    pub fn max(&self) -> Duration {
+        self.max
+    }
+
+    /// The latency at quantile `q` (0.5 for the median, 0.99 for p99): the
+    /// upper end of the bucket holding it, at most [`max`](Self::max);
+    /// zero when nothing was recorded.
+    pub fn quantile(&self, q: f64) -> Duration {
+        if self.count == 0 {
+            return Duration::ZERO;
+        }
+        let rank = ((self.count as f64 * q.clamp(0.0, 1.0)).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, n) in self.buckets.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return Duration::from_nanos(upper_of(i)).min(self.max);
+            }
+        }
+        self.max
+    }
+}
+
+impl FromIterator<Duration> for Latencies {
+    fn from_iter<I: IntoIterator<Item = Duration>>(iter: I) -> Self {
+        let mut l = Latencies::default();
+        for d in iter {
+            l.record(d);
+        }
+        l
+    }
+}
+
+/// The bucket of `nanos`.
+fn bucket_of(nanos: u64) -> usize {
+    if nanos < SUB_BUCKETS {
+        return nanos as usize;
+    }
+    let exp = u64::from(63 - nanos.leading_zeros()); // 6..=63
+    let shift = exp - 6;
+    let sub = (nanos >> shift) - SUB_BUCKETS; // 0..64
+    (SUB_BUCKETS + (exp - 6) * SUB_BUCKETS + sub) as usize
+}
+
+/// The largest value of bucket `i`.
+fn upper_of(i: usize) -> u64 {
+    let i = i as u64;
+    if i < SUB_BUCKETS {
+        return i;
+    }
+    let shift = (i - SUB_BUCKETS) / SUB_BUCKETS;
+    let sub = (i - SUB_BUCKETS) % SUB_BUCKETS;
+    let low = (SUB_BUCKETS + sub) << shift;
+    low.saturating_add((1u64 << shift) - 1)
 }
 
 impl<S: Source> Timed<S> {
@@ -63,13 +172,13 @@ impl AckTimes {
         }
     }
 
-    /// Every latency recorded so far, in the order the acks were done.
-    pub fn latencies(&self) -> Vec<Duration> {
+    /// The latencies recorded so far.
+    pub fn latencies(&self) -> Latencies {
         self.latencies.lock().clone()
     }
 
     fn record(&self, fetched: Instant) {
-        self.latencies.lock().push(fetched.elapsed());
+        self.latencies.lock().record(fetched.elapsed());
         self.acked.fetch_add(1, Ordering::AcqRel);
         self.changed.notify_waiters();
     }
@@ -138,5 +247,54 @@ impl<S: Source> Source for Timed<S> {
 
     async fn keep_alive(&self, receipt: &Self::Receipt) -> Result<(), SourceError> {
         self.inner.keep_alive(&receipt.1).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_value_lands_in_a_bucket_whose_bounds_hold_it() {
+        let mut v = 1u64;
+        while v < u64::MAX / 3 {
+            for x in [v, v + 1, v * 2 - 1, v * 3 / 2] {
+                let i = bucket_of(x);
+                assert!(i < BUCKETS);
+                assert!(upper_of(i) >= x, "{x} above bucket {i}");
+                assert!(
+                    i == 0 || upper_of(i - 1) < x,
+                    "{x} belongs below bucket {i}"
+                );
+                assert!(upper_of(i) - x <= x / 64 + 1, "bucket {i} too wide at {x}");
+            }
+            v = v * 3 + 1;
+        }
+        assert_eq!(bucket_of(u64::MAX), BUCKETS - 1);
+    }
+
+    #[test]
+    fn quantiles_read_back_within_a_bucket() {
+        let l: Latencies = (1..=10_000).map(Duration::from_micros).collect();
+        for q in [0.5, 0.9, 0.99, 0.999] {
+            let exact = Duration::from_micros((10_000.0 * q) as u64);
+            let got = l.quantile(q);
+            assert!(
+                got >= exact && got <= exact.mul_f64(1.02),
+                "{q}: {got:?} vs {exact:?}"
+            );
+        }
+        assert_eq!(l.quantile(1.0), Duration::from_micros(10_000));
+        assert_eq!(Latencies::default().quantile(0.5), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_long_run_stays_the_same_size() {
+        let mut l = Latencies::default();
+        for i in 0..1_000_000u64 {
+            l.record(Duration::from_nanos(i * 997));
+        }
+        assert_eq!(l.count(), 1_000_000);
+        assert_eq!(l.buckets.len(), BUCKETS);
     }
 }

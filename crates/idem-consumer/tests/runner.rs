@@ -601,13 +601,10 @@ async fn a_timed_source_records_one_latency_per_ack() {
     stop.cancel();
     run.await.unwrap().unwrap();
     let latencies = times.latencies();
-    assert_eq!(latencies.len(), 21, "handled and duplicate acks alike");
+    assert_eq!(latencies.count(), 21, "handled and duplicate acks alike");
+    // 20 of 21 waited for their handler: the 5th percentile and above.
     assert!(
-        latencies
-            .iter()
-            .filter(|l| **l >= Duration::from_millis(5))
-            .count()
-            >= 20,
+        latencies.quantile(0.05) >= Duration::from_millis(5),
         "each handled message waited for its handler: {latencies:?}"
     );
     assert_eq!(source.acked().len(), 21);

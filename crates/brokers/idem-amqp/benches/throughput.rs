@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use idem_amqp::{AmqpConfig, AmqpSource};
-use idem_consumer::{HandlerError, Message, Runner, Timed};
+use idem_consumer::{HandlerError, Latencies, Message, Runner, Timed};
 use idem_core::{Bytes, ClaimHandle, Guard, MemoryStore, Store};
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
@@ -33,14 +33,12 @@ fn env_or(var: &str, default: usize) -> usize {
 
 struct Outcome {
     per_second: f64,
-    latencies: Vec<Duration>,
+    latencies: Latencies,
 }
 
 impl Outcome {
     fn percentile(&self, p: f64) -> Duration {
-        let mut l = self.latencies.clone();
-        l.sort();
-        l[((l.len() - 1) as f64 * p) as usize]
+        self.latencies.quantile(p)
     }
 }
 
@@ -138,7 +136,7 @@ async fn bare(url: &str, queue: &str, n: usize, concurrency: usize) -> Outcome {
     let _ = conn.close(200, "OK".into()).await;
     Outcome {
         per_second,
-        latencies,
+        latencies: latencies.into_iter().collect(),
     }
 }
 

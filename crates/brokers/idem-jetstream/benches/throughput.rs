@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use futures_util::StreamExt;
-use idem_consumer::{HandlerError, Runner, Timed};
+use idem_consumer::{HandlerError, Latencies, Runner, Timed};
 use idem_core::{Bytes, ClaimHandle, Guard, Store};
 use idem_jetstream::{JetStreamConfig, JetStreamSource};
 use parking_lot::Mutex;
@@ -53,9 +53,8 @@ struct Row {
     p99: Duration,
 }
 
-fn row(name: &'static str, n: usize, elapsed: Duration, mut l: Vec<Duration>) -> Row {
-    l.sort();
-    let at = |q: f64| l[((l.len() as f64 * q) as usize).min(l.len() - 1)];
+fn row(name: &'static str, n: usize, elapsed: Duration, l: Latencies) -> Row {
+    let at = |q: f64| l.quantile(q);
     Row {
         name,
         rate: n as f64 / elapsed.as_secs_f64(),
@@ -150,7 +149,7 @@ async fn bare(js: &jetstream::Context, url: &str, n: usize, concurrency: usize) 
     let elapsed = started.elapsed();
     let _ = js.delete_stream(&stream).await;
     let _ = js.delete_stream(format!("{stream}_dead-letter")).await;
-    let latencies = clock.latencies.lock().clone();
+    let latencies = clock.latencies.lock().iter().copied().collect();
     row("bare async-nats pull consumer", n, elapsed, latencies)
 }
 

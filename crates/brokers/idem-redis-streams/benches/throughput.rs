@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use idem_consumer::{HandlerError, Message, Runner, Timed};
+use idem_consumer::{HandlerError, Latencies, Message, Runner, Timed};
 use idem_core::{Bytes, ClaimHandle, Guard, Store};
 use idem_redis_streams::{RedisStreamConfig, RedisStreamSource};
 use tokio_util::sync::CancellationToken;
@@ -27,9 +27,8 @@ struct Row {
     p99: Duration,
 }
 
-fn row(name: &'static str, n: usize, elapsed: Duration, mut lat: Vec<Duration>) -> Row {
-    lat.sort_unstable();
-    let at = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
+fn row(name: &'static str, n: usize, elapsed: Duration, lat: Latencies) -> Row {
+    let at = |q: f64| lat.quantile(q);
     Row {
         name,
         per_second: n as f64 / elapsed.as_secs_f64(),
@@ -127,7 +126,12 @@ async fn bare(server: &str, n: usize) -> Row {
     }
     let elapsed = started.elapsed();
     drop_keys(&mut conn, &stream).await;
-    row("bare XREADGROUP/XACK", n, elapsed, lat)
+    row(
+        "bare XREADGROUP/XACK",
+        n,
+        elapsed,
+        lat.into_iter().collect(),
+    )
 }
 
 /// The runner on `guard`'s store over a fresh stream of `n` entries.

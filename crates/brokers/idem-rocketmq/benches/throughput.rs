@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use idem_consumer::{HandlerError, Runner, Timed};
+use idem_consumer::{HandlerError, Latencies, Runner, Timed};
 use idem_core::{Bytes, ClaimHandle, Guard, Store};
 use idem_rocketmq::{RocketMqConfig, RocketMqPublisher, RocketMqSource};
 use rocketmq_client_rust::{
@@ -41,13 +41,12 @@ struct Row {
     latency: Option<(Duration, Duration)>,
 }
 
-fn row(name: &'static str, n: usize, elapsed: Duration, mut l: Vec<Duration>) -> Row {
-    l.sort();
-    let at = |q: f64| l[((l.len() as f64 * q) as usize).min(l.len() - 1)];
+fn row(name: &'static str, n: usize, elapsed: Duration, l: Latencies) -> Row {
+    let at = |q: f64| l.quantile(q);
     Row {
         name,
         rate: n as f64 / elapsed.as_secs_f64(),
-        latency: (!l.is_empty()).then(|| (at(0.50), at(0.99))),
+        latency: (l.count() > 0).then(|| (at(0.50), at(0.99))),
     }
 }
 
@@ -106,7 +105,12 @@ async fn bare(publisher: &RocketMqPublisher, namesrv: &str, n: usize, concurrenc
     .unwrap();
     let elapsed = run_bare(runtime, namesrv, &topic, &group, n, concurrency).await;
     owner.shutdown_background();
-    row("bare client push consumer", n, elapsed, Vec::new())
+    row(
+        "bare client push consumer",
+        n,
+        elapsed,
+        Latencies::default(),
+    )
 }
 
 /// Consumes `n` messages with a listener that answers at once; the time
