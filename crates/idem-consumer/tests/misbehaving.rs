@@ -8,12 +8,15 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use idem_consumer::{
-    Backoff, Capabilities, DeadLetter, Delivery, HandlerError, MemorySource, Message, Report,
-    RetryReason, Runner, Source, SourceError,
+    Backoff, Capabilities, DeadLetter, Delivery, HandlerError, MemorySource, Message, RetryReason,
+    Runner, Source, SourceError,
 };
 use idem_core::{Begin, Bytes, ClaimHandle, Guard, Key, Lease, MemoryStore, Store};
 use parking_lot::Mutex;
-use tokio_util::sync::CancellationToken;
+
+mod support;
+
+use support::run_until;
 
 fn message(id: &str, body: &str) -> Message {
     let mut m = Message::new(body.to_owned());
@@ -144,27 +147,6 @@ impl Source for Broker {
         let lane = String::from_utf8_lossy(lane).into_owned();
         self.lanes.lock().push((lane, false));
     }
-}
-
-/// Runs until `done` holds or 10 s pass, then shuts down gracefully.
-async fn run_until<H: idem_consumer::Handler>(
-    runner: Runner<MemoryStore, Broker, H>,
-    done: impl Fn() -> bool + Send + 'static,
-) -> Report {
-    let stop = CancellationToken::new();
-    let watcher = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-            while !done() && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            stop.cancel();
-        })
-    };
-    let report = runner.run(stop).await.expect("runner starts");
-    watcher.await.unwrap();
-    report
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,13 +6,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idem_consumer::{
-    Backoff, HandlerError, KeyFrom, MemorySource, Message, Report, RetryReason, Runner,
-};
+use idem_consumer::{Backoff, HandlerError, KeyFrom, MemorySource, Message, RetryReason, Runner};
 use idem_core::{Begin, Bytes, ClaimHandle, Guard, Key, Lease, MemoryStore, Store};
 use idem_testkit::faults::Switchable;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
+
+mod support;
+
+use support::run_until;
 
 fn message(id: &str) -> Message {
     let mut m = Message::new(format!("{{\"id\":\"{id}\"}}"));
@@ -26,31 +28,6 @@ fn quick() -> Backoff {
         max: Duration::from_millis(80),
         jitter: 0.0,
     }
-}
-
-/// Runs until `done` holds or 10 s pass, then shuts down gracefully.
-async fn run_until<S, H>(
-    runner: Runner<S, MemorySource, H>,
-    done: impl Fn() -> bool + Send + 'static,
-) -> Report
-where
-    S: Store + Clone,
-    H: idem_consumer::Handler,
-{
-    let stop = CancellationToken::new();
-    let watcher = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-            while !done() && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            stop.cancel();
-        })
-    };
-    let report = runner.run(stop).await.expect("runner starts");
-    watcher.await.unwrap();
-    report
 }
 
 /// A handler that succeeds and counts its calls.
