@@ -49,10 +49,22 @@ const REWRITE_MAX: Duration = Duration::from_secs(60);
 ///   committed offset.
 /// - **Retries** go to a retry topic (or wait in place, see
 ///   [`RetryMode`]); **dead letters** to `<topic>-dlt`, with the headers
-///   `idem-key`, `idem-attempts`, `idem-last-error` and `idem-origin`.
+///   `idem-key`, `idem-attempts`, `idem-last-error` and `idem-origin`
+///   (values made safe by [`idem_consumer::copy`]). A settle returns within
+///   5 s: a copy not written by then is kept and written again with a
+///   growing delay (1 s doubling up to 1 min), its message's offset held
+///   and the handler not run again; failures are counted in
+///   `idem_kafka_copy_failures_total{topic,kind}`.
+/// - **Shutdown**: messages handed back ([`requeue`](Source::requeue))
+///   stay uncommitted but are not waited for: [`close`](KafkaSource::close)
+///   waits only for messages still in a handler.
 /// - **Lag**: the gauge `idem_kafka_consumer_lag{group,topic,partition}`,
 ///   from librdkafka's statistics (every 5 s unless
-///   `statistics.interval.ms` is set), and [`lag`](KafkaSource::lag).
+///   `statistics.interval.ms` is set; 0 once the partition is revoked),
+///   and [`lag`](KafkaSource::lag).
+/// - **Memory**: the buffer of polled messages is bounded (see
+///   [`KafkaConfig::concurrency`]); with partition lanes,
+///   [`pause_lane`](Source::pause_lane) pauses the partition at the broker.
 ///
 /// Cloning gives another handle to the same member.
 #[derive(Clone)]
