@@ -570,9 +570,6 @@ where
             let mut item = Some((delivery, key));
             let mut room = None;
             loop {
-                if room.is_none() {
-                    room = self.parked_room.clone().try_acquire_owned().ok();
-                }
                 {
                     let mut groups = self.groups.lock();
                     match groups.get_mut(&group) {
@@ -585,18 +582,21 @@ where
                         // Behind a running message of its group: it waits
                         // in the parked budget and gives its place in the
                         // concurrency back.
-                        Some(waiting) if room.is_some() => {
-                            let (delivery, key) = item.take().expect("placed once");
-                            let room = room.take().expect("checked");
-                            waiting.push_back(Parked {
-                                delivery,
-                                key,
-                                room,
-                            });
-                            drop(permit);
-                            break;
+                        Some(waiting) => {
+                            if room.is_none() {
+                                room = self.parked_room.clone().try_acquire_owned().ok();
+                            }
+                            if let Some(room) = room.take() {
+                                let (delivery, key) = item.take().expect("placed once");
+                                waiting.push_back(Parked {
+                                    delivery,
+                                    key,
+                                    room,
+                                });
+                                drop(permit);
+                                break;
+                            }
                         }
-                        Some(_) => {}
                     }
                 }
                 // The parked budget is full: wait for a place, then look
