@@ -420,16 +420,8 @@ where
                 return self.dead_letter(delivery, why).await;
             }
             Action::Requeue => return self.requeue(delivery).await,
-            Action::Pause(why) => {
-                // Held past what the broker allows: back to the broker,
-                // no attempt counted.
-                let delay = self.pause(key, &why);
-                let reason = RetryReason::Unavailable;
-                (
-                    Settled::retried(reason),
-                    self.source.retry(delivery, delay, reason).await,
-                )
-            }
+            // `wait_in_place` turns every pause into a wait or a retry.
+            Action::Pause(_) => unreachable!("a pause never reaches the broker as such"),
         };
         self.count(settled, result);
     }
