@@ -13,12 +13,14 @@ mod error;
 mod fingerprint;
 mod guard;
 mod key;
+pub mod layer;
 mod limits;
 pub mod machine;
 mod memory;
 pub mod periodic;
 mod record;
 mod store;
+pub mod tier;
 mod time;
 
 pub use error::{BoxError, StoreError};

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::tier::ImportItem;
 use crate::{BeginItem, CompleteItem, Key, Lease};
 
 /// What a store accepts. Every store checks these before it touches a record,
@@ -132,6 +133,18 @@ impl Limits {
         self.check_batch(items.len())?;
         for (index, item) in items.iter().enumerate() {
             self.check_complete(&item.key, item.outcome.as_ref(), item.retention)
+                .map_err(|e| e.in_item(index))?;
+        }
+        Ok(())
+    }
+
+    /// Checks an `import_many` batch: its size, and each record's key and
+    /// outcome.
+    pub fn check_import_items(&self, items: &[ImportItem]) -> Result<(), InvalidInput> {
+        self.check_batch(items.len())?;
+        for (index, item) in items.iter().enumerate() {
+            self.check_key(&item.key)
+                .and_then(|()| self.check_outcome(item.record.outcome.as_ref()))
                 .map_err(|e| e.in_item(index))?;
         }
         Ok(())

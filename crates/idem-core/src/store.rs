@@ -204,81 +204,50 @@ impl<S: Store> DynStore for S {
     }
 }
 
-/// Forwards every operation to the shared store.
-macro_rules! forward_store {
-    ($inner:ident => $($target:tt)*) => {
-        fn begin(
-            &self,
-            key: &Key,
-            fingerprint: Option<Fingerprint>,
-            lease: Lease,
-        ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
-            let $inner = &**self;
-            async move { $($target)*::begin($inner, key, fingerprint, lease).await }
-        }
-        fn complete(
-            &self,
-            key: &Key,
-            token: FencingToken,
-            outcome: Option<Bytes>,
-            retention: Duration,
-        ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
-            let $inner = &**self;
-            async move { $($target)*::complete($inner, key, token, outcome, retention).await }
-        }
-        fn release(
-            &self,
-            key: &Key,
-            token: FencingToken,
-        ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
-            let $inner = &**self;
-            async move { $($target)*::release($inner, key, token).await }
-        }
-        fn extend(
-            &self,
-            key: &Key,
-            token: FencingToken,
-            lease: Lease,
-        ) -> impl Future<Output = Result<Fenced<Timestamp>, StoreError>> + Send {
-            let $inner = &**self;
-            async move { $($target)*::extend($inner, key, token, lease).await }
-        }
-        fn get(&self, key: &Key) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
-            let $inner = &**self;
-            async move { $($target)*::get($inner, key).await }
-        }
-        fn begin_many(
-            &self,
-            items: &[BeginItem],
-        ) -> impl Future<Output = Result<Vec<Begin>, StoreError>> + Send {
-            let $inner = &**self;
-            async move { $($target)*::begin_many($inner, items).await }
-        }
-        fn complete_many(
-            &self,
-            items: &[CompleteItem],
-        ) -> impl Future<Output = Result<Vec<Fenced>, StoreError>> + Send {
-            let $inner = &**self;
-            async move { $($target)*::complete_many($inner, items).await }
-        }
-        fn scan(
-            &self,
-            query: &ScanQuery,
-        ) -> impl Future<Output = Result<Vec<Entry>, StoreError>> + Send {
-            let $inner = &**self;
-            async move { $($target)*::scan($inner, query).await }
-        }
-        fn limits(&self) -> &Limits {
-            let $inner = &**self;
-            $($target)*::limits($inner)
-        }
-    };
-}
-
-impl Store for Arc<dyn DynStore> {
-    forward_store!(s => <dyn DynStore + 'static as DynStore>);
-}
-
-impl<S: Store> Store for Arc<S> {
-    forward_store!(s => S);
+/// The store behind a `dyn DynStore`, so that [`SharedStore`] (an `Arc` of
+/// it) is a [`Store`] like any other shared store.
+impl Store for dyn DynStore {
+    async fn begin(
+        &self,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        lease: Lease,
+    ) -> Result<Begin, StoreError> {
+        DynStore::begin(self, key, fingerprint, lease).await
+    }
+    async fn complete(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        outcome: Option<Bytes>,
+        retention: Duration,
+    ) -> Result<Fenced, StoreError> {
+        DynStore::complete(self, key, token, outcome, retention).await
+    }
+    async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
+        DynStore::release(self, key, token).await
+    }
+    async fn extend(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        lease: Lease,
+    ) -> Result<Fenced<Timestamp>, StoreError> {
+        DynStore::extend(self, key, token, lease).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        DynStore::get(self, key).await
+    }
+    async fn begin_many(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
+        DynStore::begin_many(self, items).await
+    }
+    async fn complete_many(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {
+        DynStore::complete_many(self, items).await
+    }
+    async fn scan(&self, query: &ScanQuery) -> Result<Vec<Entry>, StoreError> {
+        DynStore::scan(self, query).await
+    }
+    fn limits(&self) -> &Limits {
+        DynStore::limits(self)
+    }
 }

@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use idem_core::layer::StoreWrapper;
 use idem_core::{
-    Begin, BeginItem, CompleteItem, Entry, Fenced, FencingToken, Fingerprint, Key, Lease, Limits,
-    Record, ScanQuery, Store, StoreError, Timestamp,
+    Begin, BeginItem, CompleteItem, Entry, Fenced, FencingToken, Fingerprint, Key, Lease, Record,
+    ScanQuery, Store, StoreError, Timestamp,
 };
 
 /// Wraps a store; while [`set_down`](Switchable::set_down) is on, every call
@@ -68,11 +69,6 @@ impl<S: Store> Switchable<S> {
         self.down.store(down, Ordering::SeqCst);
     }
 
-    /// The wrapped store.
-    pub fn inner(&self) -> &S {
-        &self.inner
-    }
-
     fn check(&self) -> Result<(), StoreError> {
         if self.down.load(Ordering::SeqCst) {
             return Err(StoreError::unavailable("the store is switched off"));
@@ -81,7 +77,13 @@ impl<S: Store> Switchable<S> {
     }
 }
 
-impl<S: Store> Store for Switchable<S> {
+impl<S: Store> StoreWrapper for Switchable<S> {
+    type Inner = S;
+
+    fn inner(&self) -> &S {
+        &self.inner
+    }
+
     async fn begin(
         &self,
         key: &Key,
@@ -139,8 +141,5 @@ impl<S: Store> Store for Switchable<S> {
     async fn scan(&self, query: &ScanQuery) -> Result<Vec<Entry>, StoreError> {
         self.check()?;
         self.inner.scan(query).await
-    }
-    fn limits(&self) -> &Limits {
-        self.inner.limits()
     }
 }

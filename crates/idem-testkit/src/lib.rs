@@ -23,6 +23,7 @@ pub mod model;
 #[cfg(feature = "fuse")]
 pub mod power_loss;
 pub mod services;
+pub mod tiers;
 pub mod tls_redis;
 
 use std::time::Duration;
@@ -118,6 +119,35 @@ impl<S> IntoSubject<S> for Option<Subject<S>> {
     fn into_subject(self) -> Option<Subject<S>> {
         self
     }
+}
+
+/// Writes one `#[tokio::test]` per case of a store that can be a tier
+/// ([`idem_core::tier::Tier`]), with the same argument as
+/// [`conformance_tests!`].
+#[macro_export]
+macro_rules! tier_conformance_tests {
+    ($subject:expr) => {
+        $crate::tier_conformance_tests!(@cases $subject;
+            import_writes_the_record_as_given,
+            import_keeps_a_live_completed_record,
+            import_replaces_a_record_in_progress,
+            import_of_an_expired_record_writes_nothing,
+            token_high_water_covers_imported_and_issued_tokens,
+            raised_floor_lifts_every_later_token,
+            completed_keys_page_in_key_order,
+        );
+    };
+    (@cases $subject:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let Some(subject) = $crate::IntoSubject::into_subject($subject.await) else {
+                    return;
+                };
+                $crate::tiers::$case(&subject).await;
+            }
+        )*
+    };
 }
 
 /// Writes one `#[tokio::test]` per conformance case. The argument is an

@@ -13,8 +13,10 @@ use foldhash::fast::RandomState;
 use parking_lot::Mutex;
 
 use self::shard::{KeyHash, Shard, Slot};
+use crate::layer::{Checked, StoreWrapper};
 use crate::machine::{self, Current, Decision};
 use crate::periodic::spawn_periodic;
+use crate::tier::{ImportItem, Imported, Tier};
 use crate::{
     Begin, BeginItem, Claim, Clock, CompleteItem, Entry, Fenced, FencingToken, Fingerprint, Key,
     Lease, Limits, Record, ScanQuery, Store, StoreError, SystemClock, Timestamp,
@@ -53,6 +55,12 @@ pub const DEFAULT_ABANDONED_RETENTION: Duration = Duration::from_secs(3600);
 /// ```
 #[derive(Clone)]
 pub struct MemoryStore {
+    store: Checked<Records>,
+}
+
+/// A memory store's operations, behind the limit checks [`Checked`] makes.
+#[derive(Clone)]
+pub struct Records {
     inner: Arc<Inner>,
 }
 
@@ -153,7 +161,9 @@ impl MemoryStoreBuilder {
             .expect("spawning the sweeper thread");
             let _ = inner.sweeper.set(sweeper);
         }
-        MemoryStore { inner }
+        MemoryStore {
+            store: Checked::new(Records { inner }),
+        }
     }
 }
 
@@ -184,17 +194,29 @@ impl MemoryStore {
 
     /// Removes expired records now; returns how many.
     pub fn sweep(&self) -> usize {
-        self.inner.sweep()
+        self.records().sweep()
     }
 
     /// How many records are held, expired ones not yet swept included.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| s.lock().len()).sum()
+        self.records().shards.iter().map(|s| s.lock().len()).sum()
     }
 
     /// Whether no record is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    fn records(&self) -> &Inner {
+        &self.store.inner().inner
+    }
+}
+
+impl StoreWrapper for MemoryStore {
+    type Inner = Checked<Records>;
+
+    fn inner(&self) -> &Checked<Records> {
+        &self.store
     }
 }
 
@@ -278,7 +300,6 @@ impl Inner {
         fingerprint: Option<Fingerprint>,
         lease: Lease,
     ) -> Result<Begin, StoreError> {
-        self.limits.check_begin(key, lease)?;
         let hash = KeyHash::of(&self.hasher, key);
         let attempt = || {
             let mut shard = self.shard(hash).lock();
@@ -303,7 +324,6 @@ impl Inner {
     /// before any item is acquired, so a full store refuses the whole batch
     /// and changes nothing.
     fn begin_many(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
-        self.limits.check_begin_items(items)?;
         if self.capacity.is_none() {
             return items
                 .iter()
@@ -483,8 +503,6 @@ impl Inner {
         outcome: Option<Bytes>,
         retention: Duration,
     ) -> Result<Fenced, StoreError> {
-        self.limits
-            .check_complete(key, outcome.as_ref(), retention)?;
         let hash = KeyHash::of(&self.hasher, key);
         let mut shard = self.shard(hash).lock();
         let now = self.now();
@@ -513,7 +531,6 @@ impl Inner {
     }
 
     fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
-        self.limits.check_key(key)?;
         let released = self.with_owned(key, token, |shard, i, _| {
             shard.remove(i);
         });
@@ -529,7 +546,6 @@ impl Inner {
         token: FencingToken,
         lease: Lease,
     ) -> Result<Fenced<Timestamp>, StoreError> {
-        self.limits.check_begin(key, lease)?;
         Ok(self.with_owned(key, token, |shard, i, now| {
             let slot = shard.slot_mut(i);
             slot.deadline = now.after(lease.duration());
@@ -540,7 +556,6 @@ impl Inner {
     }
 
     fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        self.limits.check_key(key)?;
         let hash = KeyHash::of(&self.hasher, key);
         let shard = self.shard(hash).lock();
         let now = self.now();
@@ -586,6 +601,99 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// One record of an `import_many`.
+    fn import(&self, item: &ImportItem) -> Result<Imported, StoreError> {
+        let hash = KeyHash::of(&self.hasher, &item.key);
+        let mut shard = self.shard(hash).lock();
+        let now = self.now();
+        let found = shard.find(hash, &item.key);
+        let live_completed = found
+            .map(|i| shard.slot(i))
+            .is_some_and(|s| s.completed && s.deadline > now);
+        if live_completed || item.record.expires_at <= now {
+            return Ok(Imported::Kept);
+        }
+        self.next_token
+            .fetch_max(item.record.token.get().saturating_add(1), Ordering::Relaxed);
+        let slot = Slot::completed(&item.key, hash, &item.record);
+        let i = match found {
+            Some(i) => {
+                *shard.slot_mut(i) = slot;
+                i
+            }
+            None => {
+                self.no_room().take()?;
+                shard.insert(slot);
+                shard.len() - 1
+            }
+        };
+        self.note_death(&mut shard, i);
+        Ok(Imported::Written)
+    }
+
+    /// Live completed keys after `after`, in encoded order.
+    fn completed_keys(&self, after: Option<&Key>, limit: usize) -> Result<Vec<Key>, StoreError> {
+        let after = after.map(Key::encode);
+        let now = self.now();
+        let mut found: Vec<Box<[u8]>> = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = shard.lock();
+            found.extend(
+                shard
+                    .slots()
+                    .filter(|s| s.completed && s.deadline > now)
+                    .filter(|s| after.as_deref().is_none_or(|a| &s.key[..] > a))
+                    .map(|s| s.key.clone()),
+            );
+        }
+        found.sort_unstable();
+        found.truncate(limit);
+        found
+            .iter()
+            .map(|k| Key::decode(k).map_err(|e| StoreError::Corrupt(e.to_string())))
+            .collect()
+    }
+}
+
+/// A memory store can be either tier: in front of a durable store it holds
+/// the work in progress and recent records; its tokens come from one
+/// sequence, which imports and [`raise_token_floor`](Tier::raise_token_floor)
+/// only ever move up. `completed_keys` reads every record under each
+/// shard's lock and sorts: fine for rebuilding a filter at start, not for
+/// paging through millions of records often.
+impl Tier for MemoryStore {
+    const VOLATILE: bool = true;
+
+    async fn import_many(&self, items: &[ImportItem]) -> Result<Vec<Imported>, StoreError> {
+        self.records().limits.check_import_items(items)?;
+        items
+            .iter()
+            .map(|item| self.records().import(item))
+            .collect()
+    }
+
+    async fn raise_token_floor(&self, floor: FencingToken) -> Result<(), StoreError> {
+        self.records()
+            .next_token
+            .fetch_max(floor.get().saturating_add(1), Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn token_high_water(&self) -> Result<FencingToken, StoreError> {
+        let next = self.records().next_token.load(Ordering::Relaxed);
+        Ok(FencingToken::new(next.saturating_sub(1)))
+    }
+
+    async fn completed_keys(
+        &self,
+        after: Option<&Key>,
+        limit: usize,
+    ) -> Result<Vec<Key>, StoreError> {
+        self.records().completed_keys(after, limit)
+    }
+}
+
 /// Records counted against the capacity ahead of a `begin`; what is not
 /// taken is given back when dropped.
 struct Room<'a> {
@@ -613,7 +721,7 @@ impl Drop for Room<'_> {
     }
 }
 
-impl Store for MemoryStore {
+impl Store for Records {
     async fn begin(
         &self,
         key: &Key,
@@ -655,7 +763,6 @@ impl Store for MemoryStore {
     }
 
     async fn complete_many(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {
-        self.inner.limits.check_complete_items(items)?;
         items
             .iter()
             .map(|i| {

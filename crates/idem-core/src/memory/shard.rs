@@ -83,6 +83,21 @@ impl Slot {
         }
     }
 
+    /// A completed record as another store held it (an import).
+    pub fn completed(key: &Key, hash: KeyHash, record: &Completed) -> Self {
+        Self {
+            key: key.encode().into_boxed_slice(),
+            outcome: record.outcome.as_deref().map(Box::from),
+            token: record.token.get(),
+            deadline: record.expires_at,
+            since: record.completed_at,
+            hash,
+            attempts: 1,
+            fingerprint: record.fingerprint,
+            completed: true,
+        }
+    }
+
     pub fn attempts(&self) -> u32 {
         self.attempts.into()
     }

@@ -1,0 +1,126 @@
+//! A `tracing` span around every store operation.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tracing::Instrument;
+
+use super::{StoreLayer, StoreWrapper};
+use crate::{
+    Begin, BeginItem, CompleteItem, Entry, Fenced, FencingToken, Fingerprint, Key, Lease, Record,
+    ScanQuery, Store, StoreError, Timestamp,
+};
+
+/// Runs each operation in a debug-level span named `store` with its
+/// `operation`, and its `key` (escaped: a key's bytes are untrusted and
+/// never reach a log line raw) or batch `items`; a failed call logs its
+/// error at debug level inside the span.
+#[derive(Clone, Debug)]
+pub struct Traced<S> {
+    inner: S,
+}
+
+impl<S: Store> Traced<S> {
+    /// Traces calls to `inner`.
+    pub fn new(inner: S) -> Self {
+        Self { inner }
+    }
+}
+
+async fn logged<T>(call: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+    let answer = call.await;
+    if let Err(e) = &answer {
+        tracing::debug!(error = %e, "store call failed");
+    }
+    answer
+}
+
+impl<S: Store> StoreWrapper for Traced<S> {
+    type Inner = S;
+
+    fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    fn begin(
+        &self,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        lease: Lease,
+    ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
+        let span = tracing::debug_span!("store", operation = "begin", %key);
+        logged(self.inner.begin(key, fingerprint, lease)).instrument(span)
+    }
+
+    fn complete(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        outcome: Option<Bytes>,
+        retention: Duration,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
+        let span = tracing::debug_span!("store", operation = "complete", %key, token = token.get());
+        logged(self.inner.complete(key, token, outcome, retention)).instrument(span)
+    }
+
+    fn release(
+        &self,
+        key: &Key,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
+        let span = tracing::debug_span!("store", operation = "release", %key, token = token.get());
+        logged(self.inner.release(key, token)).instrument(span)
+    }
+
+    fn extend(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        lease: Lease,
+    ) -> impl Future<Output = Result<Fenced<Timestamp>, StoreError>> + Send {
+        let span = tracing::debug_span!("store", operation = "extend", %key, token = token.get());
+        logged(self.inner.extend(key, token, lease)).instrument(span)
+    }
+
+    fn get(&self, key: &Key) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
+        let span = tracing::debug_span!("store", operation = "get", %key);
+        logged(self.inner.get(key)).instrument(span)
+    }
+
+    fn begin_many(
+        &self,
+        items: &[BeginItem],
+    ) -> impl Future<Output = Result<Vec<Begin>, StoreError>> + Send {
+        let span = tracing::debug_span!("store", operation = "begin_many", items = items.len());
+        logged(self.inner.begin_many(items)).instrument(span)
+    }
+
+    fn complete_many(
+        &self,
+        items: &[CompleteItem],
+    ) -> impl Future<Output = Result<Vec<Fenced>, StoreError>> + Send {
+        let span = tracing::debug_span!("store", operation = "complete_many", items = items.len());
+        logged(self.inner.complete_many(items)).instrument(span)
+    }
+
+    fn scan(
+        &self,
+        query: &ScanQuery,
+    ) -> impl Future<Output = Result<Vec<Entry>, StoreError>> + Send {
+        let span = tracing::debug_span!("store", operation = "scan", namespace = %query.namespace);
+        logged(self.inner.scan(query)).instrument(span)
+    }
+}
+
+/// Wraps a store in [`Traced`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Trace;
+
+impl<S: Store> StoreLayer<S> for Trace {
+    type Store = Traced<S>;
+
+    fn layer(&self, inner: S) -> Traced<S> {
+        Traced::new(inner)
+    }
+}
