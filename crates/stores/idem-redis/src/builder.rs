@@ -11,8 +11,9 @@ use crate::conn::{ConnectError, redacted, supports_nx_get};
 use crate::layout::millis;
 use crate::lock;
 use crate::script::{ITEMS_PER_CALL, Scripts};
-use crate::store::{Inner, RedisStore};
+use crate::store::{Inner, Records, RedisStore};
 use idem_core::coalesce::StoreBatches;
+use idem_core::layer::Checked;
 
 /// Configures a [`RedisStore`].
 #[derive(Debug)]
@@ -168,6 +169,8 @@ impl RedisStoreBuilder {
             self.coalesce,
             ITEMS_PER_CALL,
         ));
-        Ok(RedisStore { inner, batches })
+        Ok(RedisStore {
+            store: Checked::new(Records { inner, batches }),
+        })
     }
 }

@@ -2,9 +2,9 @@
 //! scanning every master.
 
 use idem_core::StoreError;
-use redis::Value;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{Cmd, Value};
 
 use crate::conn::Conn;
 use crate::reply::unavailable;
@@ -22,17 +22,46 @@ impl Inner {
         }
     }
 
-    /// Every key matching `pattern`: one SCAN, or one per cluster master.
-    pub(crate) async fn scan_keys(&self, pattern: &str) -> Result<Vec<Vec<u8>>, StoreError> {
-        let mut keys = Vec::new();
-        let nodes = match &self.conn {
+    /// The nodes that hold keys: the standalone Redis (`None`), or each
+    /// cluster master.
+    pub(crate) async fn masters(&self) -> Result<Vec<Option<Node>>, StoreError> {
+        Ok(match &self.conn {
             Conn::Single(_) => vec![None],
             Conn::Cluster(c) => masters(&cluster_nodes(c).await?, self.seed_host())
                 .into_iter()
                 .map(Some)
                 .collect(),
-        };
-        for node in nodes {
+        })
+    }
+
+    /// `cmd` on `node`, one of [`masters`](Inner::masters).
+    pub(crate) async fn query_node(
+        &self,
+        node: &Option<Node>,
+        cmd: Cmd,
+    ) -> Result<Value, StoreError> {
+        match (node, &self.conn) {
+            (Some((host, port)), Conn::Cluster(c)) => {
+                c.clone()
+                    .route_command(
+                        cmd,
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                            host: host.clone(),
+                            port: *port,
+                        }),
+                    )
+                    .await
+            }
+            _ => cmd.query_async(&mut self.conn()).await,
+        }
+        .map_err(unavailable)
+    }
+
+    /// Every key matching `pattern`: one SCAN, or one per cluster master.
+    /// A key may come back more than once (SCAN's own guarantee).
+    pub(crate) async fn scan_keys(&self, pattern: &str) -> Result<Vec<Vec<u8>>, StoreError> {
+        let mut keys = Vec::new();
+        for node in self.masters().await? {
             let mut cursor: u64 = 0;
             loop {
                 let mut cmd = redis::cmd("SCAN");
@@ -41,21 +70,7 @@ impl Inner {
                     .arg(pattern)
                     .arg("COUNT")
                     .arg(1000);
-                let reply: Value = match (&node, &self.conn) {
-                    (Some((host, port)), Conn::Cluster(c)) => {
-                        c.clone()
-                            .route_command(
-                                cmd,
-                                RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                                    host: host.clone(),
-                                    port: *port,
-                                }),
-                            )
-                            .await
-                    }
-                    _ => cmd.query_async(&mut self.conn()).await,
-                }
-                .map_err(unavailable)?;
+                let reply = self.query_node(&node, cmd).await?;
                 let (next, batch): (u64, Vec<Vec<u8>>) = redis::from_redis_value(reply)
                     .map_err(|e| StoreError::Corrupt(e.to_string()))?;
                 keys.extend(batch);
@@ -98,7 +113,7 @@ pub(crate) async fn cluster_nodes(c: &ClusterConnection) -> Result<String, Store
 }
 
 /// The masters' addresses in `CLUSTER NODES` output.
-pub(crate) fn masters(nodes: &str, seed_host: &str) -> Vec<(String, u16)> {
+pub(crate) fn masters(nodes: &str, seed_host: &str) -> Vec<Node> {
     cluster_masters(nodes, seed_host)
         .into_iter()
         .map(|(addr, _)| addr)
@@ -106,15 +121,18 @@ pub(crate) fn masters(nodes: &str, seed_host: &str) -> Vec<(String, u16)> {
 }
 
 /// The address of the master serving `slot`, from `CLUSTER NODES` output.
-pub(crate) fn master_of(nodes: &str, slot: u16, seed_host: &str) -> Option<(String, u16)> {
+pub(crate) fn master_of(nodes: &str, slot: u16, seed_host: &str) -> Option<Node> {
     cluster_masters(nodes, seed_host)
         .into_iter()
         .find(|(_, ranges)| ranges.iter().any(|r| r.contains(&slot)))
         .map(|(addr, _)| addr)
 }
 
+/// A node's host and port.
+pub(crate) type Node = (String, u16);
+
 /// A master's address and the slot ranges it serves.
-type MasterSlots = ((String, u16), Vec<std::ops::RangeInclusive<u16>>);
+type MasterSlots = (Node, Vec<std::ops::RangeInclusive<u16>>);
 
 /// The masters that are up in `CLUSTER NODES` output, with the slots each
 /// serves (slots being moved, `[…]`, are left out). A node that has not

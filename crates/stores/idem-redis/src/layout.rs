@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use idem_core::Key;
 
 /// A Redis key of `key`'s: `idem:{N:K` then `suffix`.
@@ -38,6 +39,22 @@ pub(crate) fn key_in<'a>(record_key: &'a [u8], prefix: &str) -> Option<&'a [u8]>
         .strip_suffix(b"}:r")
 }
 
+/// The `SCAN` pattern that finds every record key, all namespaces.
+pub(crate) const RECORD_PATTERN: &str = "idem:{*}:r";
+
+/// The key whose record is at `record_key`, or `None` for a key that is
+/// not a record's (a stranger's key that happens to match
+/// [`RECORD_PATTERN`]). A namespace holds no `:`, so the first one ends it.
+pub(crate) fn key_of(record_key: &[u8]) -> Option<Key> {
+    let inner = record_key.strip_prefix(b"idem:{")?.strip_suffix(b"}:r")?;
+    let colon = inner.iter().position(|&b| b == b':')?;
+    let namespace = std::str::from_utf8(&inner[..colon]).ok()?;
+    Key::new(namespace, Bytes::copy_from_slice(&inner[colon + 1..])).ok()
+}
+
+/// The token high-water mark of the whole store (see `scripts/high_water.lua`).
+pub(crate) const HIGH_WATER_KEY: &str = "idem:token-high-water";
+
 /// A key of lock `name`: the lock itself (`suffix` empty), its token
 /// counter (`:t`), its queue (`:q`), the queue's deadlines (`:qd`), and
 /// the prefix of its waiters' wake lists (`:w:`).
@@ -48,4 +65,38 @@ pub(crate) fn lock_key(name: &str, suffix: &str) -> String {
 /// `d` in whole milliseconds, as Redis takes durations.
 pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use idem_core::Key;
+
+    use super::{key_of, record_key};
+
+    #[test]
+    fn a_record_key_reads_back_as_its_key() {
+        for (ns, k) in [
+            ("orders", &b"o-1"[..]),
+            ("a.b_c-9", b"with:colons}:r{and}"),
+            ("x", b"\0\xff"),
+        ] {
+            let key = Key::new(ns, k.to_vec()).unwrap();
+            assert_eq!(key_of(&record_key(&key)), Some(key));
+        }
+        for stranger in [
+            &b"idem:{lock:x}"[..],
+            b"idem:{nocolon}:r",
+            b"idem:{:k}:r",
+            b"idem:{bad/ns:k}:r",
+            b"other:{n:k}:r",
+            b"idem:{n:}:r",
+        ] {
+            assert_eq!(
+                key_of(stranger),
+                None,
+                "{}",
+                String::from_utf8_lossy(stranger)
+            );
+        }
+    }
 }

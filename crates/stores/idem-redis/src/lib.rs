@@ -29,7 +29,9 @@
 //! packed in 30 bytes plus fingerprint and outcome (layout in
 //! `scripts/record.lua`), expiring with the lease (plus
 //! `abandoned_retention`) or the retention. One key per record: nothing else
-//! to leak or to pay memory for.
+//! to leak or to pay memory for. Beside the records, one key for the whole
+//! store, `idem:token-high-water`, kept when the store serves as a tier of
+//! a tiered store (see [`RedisStore`]'s `Tier` implementation).
 //!
 //! # Fencing tokens
 //!
@@ -41,6 +43,10 @@
 //! acquired more than 1 024 times in a millisecond. A released key keeps its
 //! token for `tombstone_ttl` (1 hour by default), which covers small clock
 //! steps between a release and the next acquisition.
+//!
+//! As a tier, the store also takes completed records with their own tokens
+//! and raises its token floor by waiting for Redis's clock to pass it (see
+//! [`RedisStore`]'s `Tier` implementation).
 //!
 //! # When a call fails
 //!
@@ -71,8 +77,8 @@
 //! and leaves its key usable: a single call still queued for the next
 //! batch is not sent; one already sent runs in full on Redis (a claim a
 //! batched `begin` made for a caller who left is released when the answer
-//! comes). Each method's `# Cancel safety` section says what it leaves
-//! behind.
+//! comes). [`RedisStore`]'s `# Cancel safety` section says, per operation,
+//! what it leaves behind.
 #![deny(missing_docs)]
 
 mod builder;
@@ -83,6 +89,7 @@ mod lock;
 mod reply;
 mod script;
 mod store;
+mod tier;
 
 pub use self::builder::RedisStoreBuilder;
 #[cfg(feature = "tls")]

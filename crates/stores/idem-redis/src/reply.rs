@@ -1,4 +1,5 @@
-//! Reading Redis's replies into the store's answers.
+//! Reading Redis's replies into the store's answers, and records in their
+//! packed layout (`scripts/record.lua`).
 
 use std::time::Duration;
 
@@ -131,5 +132,64 @@ pub(crate) fn parse_record(v: &Value) -> Result<Option<Record>, StoreError> {
     }))
 }
 
+/// The latest time (ms) written into a record: the scripts read times as
+/// signed 64-bit numbers, and a record's key expires 1 ms after its end.
+pub(crate) const LATEST_MS: u64 = i64::MAX as u64 - 1;
+
+/// `record` packed as `complete` leaves a completed record (layout: see
+/// `scripts/record.lua`), with 1 attempt, as a first claim has. Times past
+/// [`LATEST_MS`] are cut to it.
+pub(crate) fn pack_completed(record: &Completed) -> Vec<u8> {
+    let time = |t: Timestamp| t.as_millis().min(LATEST_MS).to_le_bytes();
+    let fingerprint = record.fingerprint.map(|f| f.to_bytes());
+    let outcome = record.outcome.as_deref();
+    let flags = u8::from(fingerprint.is_some()) + 2 * u8::from(outcome.is_some());
+    let mut out = Vec::with_capacity(HEAD + 16 + outcome.map_or(0, <[u8]>::len));
+    out.extend_from_slice(&[b'c', flags]);
+    out.extend_from_slice(&time(record.expires_at));
+    out.extend_from_slice(&time(record.completed_at));
+    out.extend_from_slice(&record.token.get().to_le_bytes());
+    out.extend_from_slice(&1u32.to_le_bytes());
+    out.extend_from_slice(fingerprint.as_ref().map_or(&[][..], |f| &f[..]));
+    out.extend_from_slice(outcome.unwrap_or_default());
+    out
+}
+
 /// The packed header's length: state, flags, end, since, token, attempts.
 pub(crate) const HEAD: usize = 1 + 1 + 8 + 8 + 8 + 4;
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use idem_core::{Completed, FencingToken, Fingerprint, Record, Timestamp};
+    use redis::Value;
+
+    use super::{pack_completed, parse_record};
+
+    #[test]
+    fn a_packed_completed_record_reads_back_as_given() {
+        let full = Completed {
+            token: FencingToken::new(u64::MAX - 3),
+            fingerprint: Some(Fingerprint::sha256(b"payload")),
+            outcome: Some(Bytes::from_static(b"receipt")),
+            completed_at: Timestamp::from_millis(1_764_669_570_000),
+            expires_at: Timestamp::from_millis(1_764_673_170_000),
+        };
+        let bare = Completed {
+            fingerprint: None,
+            outcome: None,
+            ..full.clone()
+        };
+        let empty_outcome = Completed {
+            outcome: Some(Bytes::new()),
+            ..bare.clone()
+        };
+        for given in [full, bare, empty_outcome] {
+            let packed = Value::BulkString(pack_completed(&given));
+            assert_eq!(
+                parse_record(&packed).unwrap(),
+                Some(Record::Completed(given))
+            );
+        }
+    }
+}

@@ -16,6 +16,9 @@ pub(crate) struct Scripts {
     pub(crate) complete: Script,
     pub(crate) release: Script,
     pub(crate) extend: Script,
+    pub(crate) import: Script,
+    pub(crate) completed: Script,
+    pub(crate) high_water: Script,
 }
 
 /// A script from `scripts/`, its parts in order: the shared ones it needs
@@ -35,6 +38,9 @@ impl Scripts {
             complete: script!("time.lua", "complete.lua"),
             release: script!("time.lua", "record.lua", "release.lua"),
             extend: script!("time.lua", "record.lua", "extend.lua"),
+            import: script!("time.lua", "import.lua"),
+            completed: script!("time.lua", "completed.lua"),
+            high_water: script!("time.lua", "high_water.lua"),
         }
     }
 }
@@ -219,6 +225,9 @@ impl Inner {
             &self.scripts.complete,
             &self.scripts.release,
             &self.scripts.extend,
+            &self.scripts.import,
+            &self.scripts.completed,
+            &self.scripts.high_water,
         ] {
             s.prepare_invoke().load_async(conn).await?;
         }

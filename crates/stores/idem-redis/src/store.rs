@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use idem_core::layer::{Checked, StoreWrapper};
 use idem_core::{
     Begin, BeginItem, CompleteItem, DEFAULT_ABANDONED_RETENTION, Entry, Fenced, FencingToken,
     Fingerprint, Key, Lease, Limits, Record, ScanQuery, Store, StoreError, Timestamp,
@@ -24,13 +25,74 @@ use idem_core::coalesce::{Batched, StoreBatches};
 
 /// The Redis store; see the [crate docs](crate). Clones share one
 /// multiplexed connection, which reconnects by itself after a Redis restart.
+///
+/// Limits are checked before a call reaches Redis (idem-core's `Checked`
+/// layer), so a refused call sends nothing.
+///
+/// # Cancel safety
+///
+/// Every operation takes full effect or none when its future is dropped,
+/// and leaves its key usable. Per operation:
+///
+/// - **`begin`**: one script call, alone or in a batch with the single
+///   calls made at the same time. A call dropped while queued for the next
+///   batch is not sent. One dropped after its batch was sent: if it claimed
+///   the key, the claim is released as soon as the answer comes back, so a
+///   redelivery acquires at once. One dropped after it went straight out
+///   (nothing else was in flight): the script ran in full or not at all,
+///   and a claim it made holds the key until its lease ends, then a
+///   redelivery takes over.
+/// - **`complete`**: one script call, alone or in a batch with the single
+///   calls made at the same time; sent again by the token that completed
+///   the record, it answers `Ok` and changes nothing. A call dropped while
+///   queued for the next batch is not sent; one already sent takes full
+///   effect. Either way the holder may send it again and learns the
+///   outcome: `Ok` if it is (now) completed by its token.
+/// - **`release`**: one script call, which ran in full or not at all. Sent
+///   again after a dropped call that did run, it answers `Stale`, and the
+///   key is free either way.
+/// - **`extend`**: one script call, which ran in full or not at all;
+///   sending it again extends again.
+/// - **`get`**: one `GET`. Cancel safe: it changes nothing.
+/// - **`begin_many`**: one script call per hash slot and lease, all in one
+///   round trip; when some items fail, it answers the error and releases
+///   the claims the call did make. Each item takes full effect or none.
+///   Dropped after it was sent, the claims it made hold their keys until
+///   their leases end, then redeliveries take over.
+/// - **`complete_many`**: one script call per hash slot and retention, all
+///   in one round trip; when some items fail, it answers the error, and
+///   the items that were done stay done. Each item takes full effect or
+///   none; sending the same items again answers `Ok` for those that were
+///   done.
+/// - **`scan`**: `SCAN` on each master, then the records in pipelined
+///   `GET`s. Cancel safe: it changes nothing.
+/// - **`import_many`** ([`Tier`](idem_core::tier::Tier)): the high-water
+///   mark is raised first, then one script call per hash slot, all in one
+///   round trip. Each item takes full effect or none. Dropped in between,
+///   the mark stays raised with no record written, which is harmless (it
+///   only bounds tokens from above); importing the same records again
+///   keeps those already written.
+/// - **`raise_token_floor`**: dropped, the floor is stored or not, and the
+///   wait for Redis's clock may not have ended: raise it again before
+///   relying on it.
+/// - **`token_high_water`**, **`completed_keys`**: cancel safe: they change
+///   nothing.
 #[derive(Clone)]
 pub struct RedisStore {
+    pub(crate) store: Checked<Records>,
+}
+
+/// The store's operations, behind the limit checks [`Checked`] makes.
+#[derive(Clone)]
+pub struct Records {
     pub(crate) inner: Arc<Inner>,
     /// Sends single `begin`s and `complete`s, gathering concurrent ones
     /// into batches.
     pub(crate) batches: Arc<StoreBatches>,
 }
+
+/// A token is at least Redis's time in ms × this (`scripts/begin_first.lua`).
+pub(crate) const TOKENS_PER_MS: u64 = 1024;
 
 pub(crate) struct Inner {
     pub(crate) conn: Conn,
@@ -66,7 +128,12 @@ impl RedisStore {
 
     /// A distributed lock named `name` on this store's Redis; see [`Lock`].
     pub fn lock(&self, name: &str) -> Lock {
-        Lock::new(self.inner.clone(), name)
+        Lock::new(self.state().clone(), name)
+    }
+
+    /// The store's shared state.
+    pub(crate) fn state(&self) -> &Arc<Inner> {
+        &self.store.inner().inner
     }
 
     /// Configures a store for the standalone Redis at `url`.
@@ -94,6 +161,14 @@ impl RedisStore {
             #[cfg(feature = "tls")]
             tls: None,
         }
+    }
+}
+
+impl StoreWrapper for RedisStore {
+    type Inner = Checked<Records>;
+
+    fn inner(&self) -> &Checked<Records> {
+        &self.store
     }
 }
 
@@ -161,7 +236,9 @@ impl Inner {
                 // A lone first claim comes back as its token alone, which
                 // is Redis's time × 1024.
                 let now = match (head, v) {
-                    (Value::Nil, Value::Int(token)) => u64::try_from(*token).ok().map(|t| t / 1024),
+                    (Value::Nil, Value::Int(token)) => {
+                        u64::try_from(*token).ok().map(|t| t / TOKENS_PER_MS)
+                    }
                     _ => number(head),
                 };
                 parse_begin(v, now.ok_or_else(|| corrupt("begin", head))?, lease_of(i))
@@ -290,26 +367,15 @@ impl Inner {
     }
 }
 
-impl Store for RedisStore {
-    /// `begin`: one script call, alone or in a batch with the single calls
-    /// made at the same time.
-    ///
-    /// # Cancel safety
-    ///
-    /// Full effect or none. A call dropped while queued for the next batch
-    /// is not sent. One dropped after its batch was sent: if it claimed the
-    /// key, the claim is released as soon as the answer comes back, so a
-    /// redelivery acquires at once. One dropped after it went straight out
-    /// (nothing else was in flight): the script ran in full or not at all,
-    /// and a claim it made holds the key until its lease ends, then a
-    /// redelivery takes over.
+/// The store contract on Redis; the limits are checked in front of it, and
+/// what each operation sends is described on [`RedisStore`].
+impl Store for Records {
     async fn begin(
         &self,
         key: &Key,
         fingerprint: Option<Fingerprint>,
         lease: Lease,
     ) -> Result<Begin, StoreError> {
-        self.inner.limits.check_begin(key, lease)?;
         let item = BeginItem {
             key: key.clone(),
             fingerprint,
@@ -318,16 +384,6 @@ impl Store for RedisStore {
         self.batches.begin(item).await
     }
 
-    /// `complete`: one script call, alone or in a batch with the single
-    /// calls made at the same time. Sent again by the token that completed
-    /// the record, it answers `Ok` and changes nothing.
-    ///
-    /// # Cancel safety
-    ///
-    /// Full effect or none. A call dropped while queued for the next batch
-    /// is not sent; one already sent takes full effect. Either way the
-    /// holder may send it again and learns the outcome: `Ok` if it is (now)
-    /// completed by its token.
     async fn complete(
         &self,
         key: &Key,
@@ -335,9 +391,6 @@ impl Store for RedisStore {
         outcome: Option<Bytes>,
         retention: Duration,
     ) -> Result<Fenced, StoreError> {
-        self.inner
-            .limits
-            .check_complete(key, outcome.as_ref(), retention)?;
         let item = CompleteItem {
             key: key.clone(),
             token,
@@ -347,31 +400,16 @@ impl Store for RedisStore {
         self.batches.complete(item).await
     }
 
-    /// `release`: one script call.
-    ///
-    /// # Cancel safety
-    ///
-    /// Full effect or none: the script ran in full or not at all. Sent
-    /// again after a dropped call that did run, it answers `Stale`, and
-    /// the key is free either way.
     async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
-        self.inner.limits.check_key(key)?;
         self.inner.release(key, token).await
     }
 
-    /// `extend`: one script call.
-    ///
-    /// # Cancel safety
-    ///
-    /// Full effect or none: the script ran in full or not at all; sending
-    /// it again extends again.
     async fn extend(
         &self,
         key: &Key,
         token: FencingToken,
         lease: Lease,
     ) -> Result<Fenced<Timestamp>, StoreError> {
-        self.inner.limits.check_begin(key, lease)?;
         let v: Value = self
             .inner
             .scripts
@@ -390,13 +428,7 @@ impl Store for RedisStore {
         }
     }
 
-    /// `get`: one `GET`.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: it changes nothing.
     async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        self.inner.limits.check_key(key)?;
         let v: Value = redis::cmd("GET")
             .arg(record_key(key))
             .query_async(&mut self.inner.conn())
@@ -405,17 +437,7 @@ impl Store for RedisStore {
         parse_record(&v)
     }
 
-    /// `begin_many`: one script call per hash slot and lease, all in one
-    /// round trip. When some items fail, answers the error and releases
-    /// the claims the call did make.
-    ///
-    /// # Cancel safety
-    ///
-    /// Each item takes full effect or none. Dropped after it was sent, the
-    /// claims it made hold their keys until their leases end, then
-    /// redeliveries take over.
     async fn begin_many(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
-        self.inner.limits.check_begin_items(items)?;
         if items.is_empty() {
             return Ok(Vec::new());
         }
@@ -438,16 +460,7 @@ impl Store for RedisStore {
         answers.into_iter().collect()
     }
 
-    /// `complete_many`: one script call per hash slot and retention, all
-    /// in one round trip. When some items fail, answers the error; the
-    /// items that were done stay done.
-    ///
-    /// # Cancel safety
-    ///
-    /// Each item takes full effect or none; sending the same items again
-    /// answers `Ok` for those that were done.
     async fn complete_many(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {
-        self.inner.limits.check_complete_items(items)?;
         if items.is_empty() {
             return Ok(Vec::new());
         }
@@ -456,12 +469,6 @@ impl Store for RedisStore {
         self.inner.complete_items(items).await.into_iter().collect()
     }
 
-    /// `scan`: `SCAN` on each master, then the records in pipelined
-    /// `GET`s.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: it changes nothing.
     async fn scan(&self, query: &ScanQuery) -> Result<Vec<Entry>, StoreError> {
         let (prefix, pattern) = namespace_prefix(query.namespace.as_str());
         let keys = self.inner.scan_keys(&pattern).await?;
@@ -474,6 +481,7 @@ impl Store for RedisStore {
             })
             .collect();
         found.sort();
+        found.dedup();
         let mut entries = Vec::new();
         for chunk in found.chunks(256) {
             let keys: Vec<Vec<u8>> = chunk.iter().map(|(_, k)| k.clone()).collect();

@@ -1,5 +1,6 @@
 //! The Redis store passes the conformance kit on a real Redis
-//! (`IDEM_TEST_REDIS_URL`, default `redis://127.0.0.1:6379`).
+//! (`IDEM_TEST_REDIS_URL`, default `redis://127.0.0.1:6379`), as a store
+//! and as a tier.
 
 use std::time::Duration;
 
@@ -41,4 +42,10 @@ mod one_call_each_plain_commands {
     }
 
     idem_testkit::conformance_tests!(subject());
+}
+
+mod tier {
+    use super::*;
+
+    idem_testkit::tier_conformance_tests!(subject());
 }

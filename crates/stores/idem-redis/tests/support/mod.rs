@@ -1,12 +1,34 @@
 //! Redis servers a test starts itself, on free ports, so stopping or
-//! pausing them disturbs no other test.
+//! pausing them disturbs no other test; and the shared test cluster.
 
 #![allow(dead_code)]
 
 use std::process::Stdio;
 use std::time::Duration;
 
+use idem_redis::RedisStore;
+use idem_testkit::services;
 use tokio::process::{Child, Command};
+
+/// A store on the shared 3-master test cluster
+/// (`IDEM_TEST_REDIS_CLUSTER_URLS`, default
+/// `redis://127.0.0.1:7000,redis://127.0.0.1:7001,redis://127.0.0.1:7002`;
+/// `scripts/redis-cluster` starts one), or `None` when the test is skipped.
+pub async fn test_cluster() -> Option<RedisStore> {
+    let urls = services::url(
+        "IDEM_TEST_REDIS_CLUSTER_URLS",
+        "redis://127.0.0.1:7000,redis://127.0.0.1:7001,redis://127.0.0.1:7002",
+    );
+    let nodes: Vec<&str> = urls.split(',').collect();
+    let store = RedisStore::cluster_builder(&nodes)
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .await;
+    match store {
+        Ok(store) => Some(store),
+        Err(e) => services::absent("Redis Cluster", &urls, e),
+    }
+}
 
 /// A Redis of our own on a free port, so restarting it disturbs no one.
 pub struct OwnRedis {
