@@ -64,9 +64,22 @@ pub trait Tier: Store {
         floor: FencingToken,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Keeps `token` in the [`token_high_water`](Tier::token_high_water)
+    /// mark (durably, in a durable store) without waiting for anything: a
+    /// tiered store reserves its hot tier's tokens in its cold tier this
+    /// way. By default [`raise_token_floor`](Tier::raise_token_floor),
+    /// which does that and more; a store whose tokens follow a server's
+    /// clock only stores the mark, since raising its floor may wait.
+    fn record_high_water(
+        &self,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.raise_token_floor(token)
+    }
+
     /// A token at least as large as every token the store holds, has
-    /// issued or imported, and every floor raised; kept across restarts by
-    /// a durable store.
+    /// issued or imported, every floor raised and every mark recorded;
+    /// kept across restarts by a durable store.
     fn token_high_water(&self) -> impl Future<Output = Result<FencingToken, StoreError>> + Send;
 
     /// Up to `limit` keys of live completed records, in [`Key::encode`]

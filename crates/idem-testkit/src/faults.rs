@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem_core::layer::StoreWrapper;
+use idem_core::tier::{ImportItem, Imported, Tier};
 use idem_core::{
     Begin, BeginItem, CompleteItem, Entry, Fenced, FencingToken, Fingerprint, Key, Lease, Record,
     ScanQuery, Store, StoreError, Timestamp,
@@ -34,6 +35,10 @@ pub struct Counts {
     pub release: AtomicU32,
     /// `extend`.
     pub extend: AtomicU32,
+    /// `get`.
+    pub get: AtomicU32,
+    /// `import_many` (a [`Tier`]'s).
+    pub import_many: AtomicU32,
 }
 
 impl Counts {
@@ -67,6 +72,11 @@ impl<S: Store> Switchable<S> {
     /// Takes the store down (`true`) or brings it back.
     pub fn set_down(&self, down: bool) {
         self.down.store(down, Ordering::SeqCst);
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &S {
+        &self.inner
     }
 
     fn check(&self) -> Result<(), StoreError> {
@@ -127,6 +137,7 @@ impl<S: Store> StoreWrapper for Switchable<S> {
         self.inner.extend(key, token, lease).await
     }
     async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        Counts::count(&self.calls.get);
         self.check()?;
         self.inner.get(key).await
     }
@@ -141,5 +152,35 @@ impl<S: Store> StoreWrapper for Switchable<S> {
     async fn scan(&self, query: &ScanQuery) -> Result<Vec<Entry>, StoreError> {
         self.check()?;
         self.inner.scan(query).await
+    }
+}
+
+/// A switchable tier fails as its store would when down.
+impl<S: Tier> Tier for Switchable<S> {
+    const VOLATILE: bool = S::VOLATILE;
+
+    async fn import_many(&self, items: &[ImportItem]) -> Result<Vec<Imported>, StoreError> {
+        Counts::count(&self.calls.import_many);
+        self.check()?;
+        self.inner.import_many(items).await
+    }
+
+    async fn raise_token_floor(&self, floor: FencingToken) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.raise_token_floor(floor).await
+    }
+
+    async fn token_high_water(&self) -> Result<FencingToken, StoreError> {
+        self.check()?;
+        self.inner.token_high_water().await
+    }
+
+    async fn completed_keys(
+        &self,
+        after: Option<&Key>,
+        limit: usize,
+    ) -> Result<Vec<Key>, StoreError> {
+        self.check()?;
+        self.inner.completed_keys(after, limit).await
     }
 }

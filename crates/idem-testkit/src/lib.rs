@@ -134,6 +134,7 @@ macro_rules! tier_conformance_tests {
             import_of_an_expired_record_writes_nothing,
             token_high_water_covers_imported_and_issued_tokens,
             raised_floor_lifts_every_later_token,
+            recorded_high_water_counts_at_once,
             completed_keys_page_in_key_order,
         );
     };

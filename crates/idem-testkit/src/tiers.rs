@@ -203,6 +203,23 @@ pub async fn raised_floor_lifts_every_later_token<S: Tier + Clone>(s: &Subject<S
     }
 }
 
+/// A recorded mark counts in the high-water mark at once.
+pub async fn recorded_high_water_counts_at_once<S: Tier + Clone>(s: &Subject<S>) {
+    let mark = FencingToken::new(s.store.token_high_water().await.unwrap().get() + 10);
+    let started = std::time::Instant::now();
+    s.store.record_high_water(mark).await.unwrap();
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(500),
+        "recording a mark waited {:?}",
+        started.elapsed()
+    );
+    let high = s.store.token_high_water().await.unwrap();
+    assert!(
+        high >= mark,
+        "high water {high:?} below the recorded mark {mark:?}"
+    );
+}
+
 /// `completed_keys` pages through completed records in key order, and
 /// leaves out records in progress.
 pub async fn completed_keys_page_in_key_order<S: Tier + Clone>(s: &Subject<S>) {

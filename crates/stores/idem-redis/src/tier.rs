@@ -88,6 +88,10 @@ impl Tier for RedisStore {
         Ok(())
     }
 
+    async fn record_high_water(&self, token: FencingToken) -> Result<(), StoreError> {
+        self.state().raise_high_water(token.get()).await.map(drop)
+    }
+
     async fn token_high_water(&self) -> Result<FencingToken, StoreError> {
         let inner = self.state();
         let (mark, now) = inner.raise_high_water(0).await?;
