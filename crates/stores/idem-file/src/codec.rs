@@ -37,7 +37,8 @@ pub fn encode_completed(r: &Completed) -> Vec<u8> {
     out
 }
 
-pub fn decode_completed(value: &[u8]) -> Result<Completed, String> {
+/// Checks that `value` starts with a header this version reads.
+fn check_header(value: &[u8]) -> Result<(), String> {
     if value.len() < HEADER {
         return Err(format!(
             "record of {} bytes is shorter than its header",
@@ -50,6 +51,11 @@ pub fn decode_completed(value: &[u8]) -> Result<Completed, String> {
             value[0]
         ));
     }
+    Ok(())
+}
+
+pub fn decode_completed(value: &[u8]) -> Result<Completed, String> {
+    check_header(value)?;
     let u64_at = |at: usize| u64::from_le_bytes(value[at..at + 8].try_into().expect("8 bytes"));
     let flags = value[25];
     if flags & !(HAS_FINGERPRINT | HAS_OUTCOME) != 0 {
@@ -82,6 +88,14 @@ pub fn decode_completed(value: &[u8]) -> Result<Completed, String> {
     })
 }
 
+/// When the record in `value` expires, read from its header alone: a scan
+/// of keys needs no copy of the outcome.
+pub fn expires_at_of(value: &[u8]) -> Result<Timestamp, String> {
+    check_header(value)?;
+    let at = u64::from_le_bytes(value[17..25].try_into().expect("8 bytes"));
+    Ok(Timestamp::from_millis(at))
+}
+
 pub fn expiry_key(expires_at: Timestamp, encoded_key: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(8 + encoded_key.len());
     out.extend_from_slice(&expires_at.as_millis().to_be_bytes());
@@ -112,6 +126,8 @@ mod tests {
         };
         let bytes = encode_completed(&r);
         assert_eq!(decode_completed(&bytes).unwrap(), r);
+        assert_eq!(expires_at_of(&bytes).unwrap(), r.expires_at);
+        assert!(expires_at_of(&bytes[..10]).is_err());
         let bare = Completed {
             fingerprint: None,
             outcome: None,

@@ -6,7 +6,9 @@
 //! with one fsync, finishes their claims and answers every caller. While it
 //! syncs, the next group fills up, so the number of operations per fsync
 //! grows with the load. It also deletes expired records for the sweeper, so
-//! that every write to `records` happens on this one thread.
+//! that every write to `records` happens on this one thread, and keeps the
+//! token high-water mark (see `tokens`), written in the batch of the
+//! records that raise it.
 
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
@@ -16,6 +18,7 @@ use tokio::sync::oneshot;
 
 use crate::claims::Claims;
 use crate::codec::{decode_completed, split_expiry_key};
+use crate::tokens::HIGH_WATER;
 
 /// How an acknowledged `complete` is made durable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -52,6 +55,9 @@ pub enum Job {
     /// behind (see `claims::Finishing`).
     Put {
         puts: Vec<Put>,
+        /// A token the high-water mark must reach, written in the same
+        /// batch as `puts` (imported records, a raised floor).
+        high_water: Option<u64>,
         done: oneshot::Sender<Result<(), String>>,
     },
     /// Delete the records these expiry index entries name, where the record
@@ -74,11 +80,14 @@ pub struct Engine {
     pub db: Database,
     pub records: Keyspace,
     pub expiry: Keyspace,
+    pub meta: Keyspace,
     pub claims: Arc<Claims>,
     pub durability: Durability,
+    /// The durable high-water mark: what the committer last wrote.
+    pub high_water: u64,
 }
 
-pub fn spawn(engine: Engine) -> std::io::Result<(mpsc::Sender<Job>, JoinHandle<()>)> {
+pub fn spawn(mut engine: Engine) -> std::io::Result<(mpsc::Sender<Job>, JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel::<Job>();
     let thread = std::thread::Builder::new()
         .name("idem-file-committer".into())
@@ -90,8 +99,12 @@ pub fn spawn(engine: Engine) -> std::io::Result<(mpsc::Sender<Job>, JoinHandle<(
             let mut later = None;
             // Ends when every sender is gone, after answering what it took.
             while let Some(first) = later.take().or_else(|| rx.recv().ok()) {
-                let (puts, done) = match first {
-                    Job::Put { puts, done } => (puts, done),
+                let (puts, mut high_water, done) = match first {
+                    Job::Put {
+                        puts,
+                        high_water,
+                        done,
+                    } => (puts, high_water, done),
                     Job::Sweep { due, done } => {
                         let _ = done.send(engine.sweep(&due).map_err(|e| e.to_string()));
                         continue;
@@ -101,8 +114,13 @@ pub fn spawn(engine: Engine) -> std::io::Result<(mpsc::Sender<Job>, JoinHandle<(
                 let mut group = vec![(puts, done)];
                 while count < max_puts {
                     match rx.try_recv() {
-                        Ok(Job::Put { puts, done }) => {
+                        Ok(Job::Put {
+                            puts,
+                            high_water: more,
+                            done,
+                        }) => {
                             count += puts.len();
+                            high_water = high_water.max(more);
                             group.push((puts, done));
                         }
                         Ok(sweep) => {
@@ -112,15 +130,15 @@ pub fn spawn(engine: Engine) -> std::io::Result<(mpsc::Sender<Job>, JoinHandle<(
                         Err(_) => break,
                     }
                 }
-                engine.write_group(group);
+                engine.write_group(group, high_water);
             }
         })?;
     Ok((tx, thread))
 }
 
 impl Engine {
-    fn write_group(&self, group: Vec<Written>) {
-        let result = self.write(&group).map_err(|e| e.to_string());
+    fn write_group(&mut self, group: Vec<Written>, high_water: Option<u64>) {
+        let result = self.write(&group, high_water).map_err(|e| e.to_string());
         for (puts, done) in group {
             // The caller finishes its claims when it hears back; one that
             // stopped waiting cannot, so the committer does.
@@ -132,20 +150,30 @@ impl Engine {
         }
     }
 
-    fn write(&self, group: &[Written]) -> fjall::Result<()> {
+    fn write(&mut self, group: &[Written], high_water: Option<u64>) -> fjall::Result<()> {
         let mut batch = self.db.batch();
         for put in group.iter().flat_map(|(puts, _)| puts) {
             batch.insert(&self.records, put.key.clone(), put.value.clone());
             batch.insert(&self.expiry, put.expiry.clone(), Slice::empty());
         }
+        let raised = high_water.filter(|&t| t > self.high_water);
+        if let Some(t) = raised {
+            batch.insert(&self.meta, HIGH_WATER, t.to_le_bytes());
+        }
         batch.commit()?;
         // The journal is persisted by hand (`manual_journal_persist`): even the
         // buffered mode must hand the batch to the operating system before it
-        // acknowledges, or a killed process would lose it.
+        // acknowledges, or a killed process would lose it. A raised
+        // high-water mark is synced in every mode, as the token ceiling is:
+        // tokens must stay monotonic across a power loss too.
         self.db.persist(match self.durability {
-            Durability::Buffered => PersistMode::Buffer,
-            Durability::GroupCommit | Durability::Immediate => PersistMode::SyncData,
-        })
+            Durability::Buffered if raised.is_none() => PersistMode::Buffer,
+            _ => PersistMode::SyncData,
+        })?;
+        if let Some(t) = raised {
+            self.high_water = t;
+        }
+        Ok(())
     }
 
     /// Deletes what `due` names and is still due; returns how many records

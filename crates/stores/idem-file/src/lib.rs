@@ -23,7 +23,8 @@
 //!
 //! - Every acknowledged `complete`, with its outcome.
 //! - Fencing tokens stay monotonic: a restarted store issues only tokens
-//!   above any issued before.
+//!   above any issued before, imported with a record or raised as a floor
+//!   (see [`Tier`](idem_core::tier::Tier)).
 //! - In-progress claims are lost. That acts like the expiry of their leases:
 //!   their holders' tokens are stale, and the next delivery acquires again.
 //!   Only what must survive a crash waits for the disk, which is why a
@@ -34,6 +35,8 @@ mod claims;
 mod codec;
 mod commit;
 mod dir;
+mod records;
+mod tier;
 mod tokens;
 
 use std::path::{Path, PathBuf};
@@ -42,14 +45,14 @@ use std::sync::{Arc, OnceLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
-use bytes::Bytes;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+use idem_core::layer::{Checked, StoreWrapper};
 use idem_core::machine::{self, Current, Decision};
 use idem_core::periodic::spawn_periodic;
 use idem_core::{
-    Begin, BeginItem, Claim as Acquired, Clock, CompleteItem, Completed,
-    DEFAULT_ABANDONED_RETENTION, Entry, Fenced, FencingToken, Fingerprint, InProgress, Key, Lease,
-    Limits, Record, ScanQuery, Store, StoreError, SystemClock, Timestamp,
+    Begin, Claim as Acquired, Clock, CompleteItem, Completed, DEFAULT_ABANDONED_RETENTION, Entry,
+    Fenced, FencingToken, Fingerprint, InProgress, Key, Lease, Limits, Record, ScanQuery,
+    StoreError, SystemClock, Timestamp,
 };
 use tokio::sync::oneshot;
 
@@ -57,6 +60,7 @@ use self::claims::{Claim, Claims, encoded};
 use self::codec::{decode_completed, encode_completed, expiry_key};
 pub use self::commit::Durability;
 use self::commit::{Job, Put};
+use self::records::Records;
 use parking_lot::MutexGuard;
 
 /// Why a file store could not be opened.
@@ -94,6 +98,18 @@ pub enum OpenError {
         /// The stored value.
         value: Vec<u8>,
     },
+    /// The stored token high-water mark is damaged: the store cannot know
+    /// which fencing tokens it imported or was told to stay above.
+    #[error(
+        "the store at {path} is damaged: its token high-water mark (key `token_high_water` in keyspace `meta`) holds {} bytes ({value:02x?}) instead of an 8-byte number, so the fencing tokens imported or raised as a floor are unknown and the store refuses to open rather than issue one of them again; restore the directory from a backup, or stop every client that may still hold a token before starting over in an empty directory",
+        value.len()
+    )]
+    CorruptTokenHighWater {
+        /// The directory.
+        path: PathBuf,
+        /// The stored value.
+        value: Vec<u8>,
+    },
     /// A background thread could not be started.
     #[error("cannot start the store's {what} thread: {source}")]
     Thread {
@@ -107,10 +123,37 @@ pub enum OpenError {
 /// The embedded durable store; see the [crate docs](crate).
 ///
 /// Clones share one store. It closes when the last clone is dropped, after
-/// the committer has answered everything handed to it.
+/// the committer has answered everything handed to it. It is also a
+/// [`Tier`](idem_core::tier::Tier), usually the cold one: `import_many`
+/// writes a whole batch with one durable commit.
+///
+/// # Cancel safety
+///
+/// - `begin` takes effect in its first poll: it has acquired the key or
+///   not. A claim nobody heard of is taken over once its lease runs out.
+/// - `complete`: the record is handed to the committer in the first poll.
+///   Dropped after that, the completion still happens (the committer,
+///   finding nobody to answer, finishes the claim itself), and a retry by
+///   the same token is answered `Ok` once it is durable.
+/// - `release` takes effect in its first poll (memory only).
+/// - `extend` takes effect in its first poll (memory only).
+/// - `get` reads only.
+/// - `begin_many`: as `begin`, item by item: dropped mid-way, a prefix of
+///   the items may have been begun.
+/// - `complete_many`: as `complete`: every item's effect is decided in the
+///   first poll.
+/// - `scan` reads only.
+/// - `import_many` first reads the stored records, which changes nothing;
+///   then, in one poll, it decides every item and hands the records to the
+///   committer. Dropped after that, the import still happens, as a
+///   `complete` does, and its keys answer `InProgress` until it is durable.
+/// - `raise_token_floor` lifts the sequence in its first poll and hands the
+///   durable mark to the committer in the same poll; the committer writes
+///   it whether or not the caller still waits.
+/// - `token_high_water` and `completed_keys` read only.
 #[derive(Clone)]
 pub struct FileStore {
-    inner: Arc<Inner>,
+    store: Checked<Records>,
 }
 
 struct Inner {
@@ -237,8 +280,10 @@ impl FileStoreBuilder {
             db: db.clone(),
             records: records.clone(),
             expiry: expiry.clone(),
+            meta,
             claims: claims.clone(),
             durability: self.durability,
+            high_water: tokens.stored_high_water(),
         })
         .map_err(|source| OpenError::Thread {
             what: "committer",
@@ -270,7 +315,9 @@ impl FileStoreBuilder {
             })?;
             let _ = inner.sweeper.set(sweeper);
         }
-        Ok(FileStore { inner })
+        Ok(FileStore {
+            store: Checked::new(Records { inner }),
+        })
     }
 }
 
@@ -296,16 +343,30 @@ impl FileStore {
 
     /// Removes expired records now; returns how many completed records went.
     pub fn sweep(&self) -> Result<usize, StoreError> {
-        self.inner.sweep()
+        self.records().sweep()
     }
 
     /// Makes everything written so far durable (also what `Buffered` mode
     /// has not synced). For a clean shutdown.
     pub fn flush(&self) -> Result<(), StoreError> {
-        self.inner
+        self.records()
             .db
             .persist(PersistMode::SyncAll)
             .map_err(StoreError::unavailable)
+    }
+}
+
+impl FileStore {
+    fn records(&self) -> &Arc<Inner> {
+        &self.store.inner().inner
+    }
+}
+
+impl StoreWrapper for FileStore {
+    type Inner = Checked<Records>;
+
+    fn inner(&self) -> &Checked<Records> {
+        &self.store
     }
 }
 
@@ -376,7 +437,6 @@ impl Inner {
         fingerprint: Option<Fingerprint>,
         lease: Lease,
     ) -> Result<Begin, StoreError> {
-        self.limits.check_begin(key, lease)?;
         self.check_healthy()?;
         let enc = encoded(key);
         let finished = {
@@ -548,7 +608,11 @@ impl Inner {
         } else {
             let owned = puts.iter().map(|p| (p.key.clone(), p.token)).collect();
             let (done, answer) = oneshot::channel();
-            self.send(Job::Put { puts, done })?;
+            self.send(Job::Put {
+                puts,
+                high_water: None,
+                done,
+            })?;
             Some(claims::Finishing::new(&self.claims, owned, answer))
         };
         // This call's own writes first: a retry of one of them in the same
@@ -611,7 +675,6 @@ impl Inner {
     }
 
     fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        self.limits.check_key(key)?;
         self.check_healthy()?;
         let enc = encoded(key);
         let finished = self.claims.lock(&enc).finished;
@@ -744,119 +807,4 @@ fn in_progress(c: &Claim) -> Record {
         attempts: c.attempts,
         started_at: c.started_at,
     })
-}
-
-impl Store for FileStore {
-    /// # Cancel safety
-    ///
-    /// Takes effect in its first poll: it has acquired the key or not. A
-    /// claim nobody heard of is taken over once its lease runs out.
-    async fn begin(
-        &self,
-        key: &Key,
-        fingerprint: Option<Fingerprint>,
-        lease: Lease,
-    ) -> Result<Begin, StoreError> {
-        self.inner.begin(key, fingerprint, lease)
-    }
-
-    /// # Cancel safety
-    ///
-    /// The record is handed to the committer in the first poll. Dropped
-    /// after that, the completion still happens (the committer, finding
-    /// nobody to answer, finishes the claim itself), and a retry by the
-    /// same token is answered `Ok` once it is durable.
-    async fn complete(
-        &self,
-        key: &Key,
-        token: FencingToken,
-        outcome: Option<Bytes>,
-        retention: Duration,
-    ) -> Result<Fenced, StoreError> {
-        self.inner
-            .limits
-            .check_complete(key, outcome.as_ref(), retention)?;
-        let item = CompleteItem {
-            key: key.clone(),
-            token,
-            outcome,
-            retention,
-        };
-        let mut answers = self
-            .inner
-            .complete_many(std::slice::from_ref(&item))
-            .await?;
-        Ok(answers.pop().expect("one answer per item"))
-    }
-
-    /// # Cancel safety
-    ///
-    /// Takes effect in its first poll (memory only).
-    async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
-        self.inner.limits.check_key(key)?;
-        self.inner.with_owned(key, token, |shard, enc, _| {
-            shard.claims.remove(&enc);
-        })
-    }
-
-    /// # Cancel safety
-    ///
-    /// Takes effect in its first poll (memory only).
-    async fn extend(
-        &self,
-        key: &Key,
-        token: FencingToken,
-        lease: Lease,
-    ) -> Result<Fenced<Timestamp>, StoreError> {
-        self.inner.limits.check_begin(key, lease)?;
-        self.inner.with_owned(key, token, |shard, enc, now| {
-            let claim = shard.claims.get_mut(&enc).expect("the claim is owned");
-            claim.lease_expires_at = now.after(lease.duration());
-            claim.lease_expires_at
-        })
-    }
-
-    /// # Cancel safety
-    ///
-    /// Reads only.
-    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key)
-    }
-
-    /// # Cancel safety
-    ///
-    /// As [`begin`](Store::begin), item by item: dropped mid-way, a prefix
-    /// of the items may have been begun.
-    async fn begin_many(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
-        self.inner.limits.check_begin_items(items)?;
-        let items = items.to_vec();
-        off_workers(&self.inner, move |inner| {
-            items
-                .iter()
-                .map(|i| inner.begin(&i.key, i.fingerprint, i.lease))
-                .collect()
-        })
-        .await?
-    }
-
-    /// # Cancel safety
-    ///
-    /// As [`complete`](Store::complete): every item's effect is decided in
-    /// the first poll.
-    async fn complete_many(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {
-        self.inner.limits.check_complete_items(items)?;
-        self.inner.complete_many(items).await
-    }
-
-    /// # Cancel safety
-    ///
-    /// Reads only.
-    async fn scan(&self, query: &ScanQuery) -> Result<Vec<Entry>, StoreError> {
-        let query = query.clone();
-        off_workers(&self.inner, move |inner| inner.scan(&query)).await?
-    }
-
-    fn limits(&self) -> &Limits {
-        &self.inner.limits
-    }
 }

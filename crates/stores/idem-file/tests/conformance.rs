@@ -24,3 +24,8 @@ mod group_commit {
 mod immediate {
     idem_testkit::conformance_tests!(super::subject(idem_file::Durability::Immediate));
 }
+
+/// The tier cases: imports, token floors and the completed keys.
+mod tier {
+    idem_testkit::tier_conformance_tests!(super::subject(idem_file::Durability::GroupCommit));
+}
