@@ -149,7 +149,11 @@ async fn main() {
         1,
     );
 
-    for t in [PREFIX.to_owned(), format!("{PREFIX}_schema")] {
+    for t in [
+        PREFIX.to_owned(),
+        format!("{PREFIX}_tokens"),
+        format!("{PREFIX}_schema"),
+    ] {
         sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE IF EXISTS \"{t}\"")))
             .execute(&pool)
             .await

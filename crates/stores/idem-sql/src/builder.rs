@@ -13,7 +13,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use crate::migrate::{self, Dialect, Migrated};
 use crate::mysql::MySql;
 use crate::pg::Postgres;
-use crate::store::{Db, Inner, SqlStore};
+use crate::store::{Db, Inner, Records, SqlStore};
 use crate::sweep;
 use crate::table::{InvalidTable, Tables};
 
@@ -495,11 +495,11 @@ impl SqlStoreBuilder {
         let sweeper = self
             .sweep_interval
             .map(|every| sweep::spawn(Arc::downgrade(&inner), every));
-        Ok(SqlStore {
+        Ok(SqlStore::new(Records {
             inner,
             batches,
             _sweeper: sweeper.map(Arc::new),
-        })
+        }))
     }
 }
 
@@ -519,10 +519,10 @@ fn check_packet(max_outcome_bytes: usize, packet: usize) -> Result<(), OpenError
     Ok(())
 }
 
-/// The statements a store of `shards` tables prepares: seven per table,
-/// and room for the few others.
+/// The statements a store of `shards` tables prepares: ten per table (seven
+/// for the records, three for the tier), and room for the few others.
 fn statement_cache(shards: u16) -> usize {
-    (8 * usize::from(shards) + 16).max(100)
+    (11 * usize::from(shards) + 16).max(100)
 }
 
 /// `5s`, `500ms` or a bare number of seconds.

@@ -53,3 +53,19 @@ pub(crate) fn retryable(e: &StoreError) -> bool {
     // PostgreSQL: serialization_failure, deadlock_detected.
     matches!(db.code().as_deref(), Some("40001" | "40P01"))
 }
+
+/// `raise_token_floor` was asked for a floor the database's clock does not
+/// pass within the time the store waits: the SQL stores' tokens follow
+/// that clock, so they cannot be made to exceed the floor any sooner.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cannot raise the token floor to {floor}: the SQL store's tokens are at least the database's time in ms × 1024, \
+     which is {clock_tokens} now and passes the floor only in {ahead_ms} ms, longer than the {waited_ms} ms the store waits; \
+     raise the floor by less (the tokens advance 1024 a millisecond), or check the database server's clock"
+)]
+pub(crate) struct FloorAheadOfClock {
+    pub(crate) floor: u64,
+    pub(crate) clock_tokens: i64,
+    pub(crate) ahead_ms: u64,
+    pub(crate) waited_ms: u64,
+}

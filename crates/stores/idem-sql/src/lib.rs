@@ -39,6 +39,12 @@
 //!   demand with `idem migrate --store URL`.
 //! - **The sweeper** deletes expired rows in bounded batches, in the
 //!   background and with `idem sweep --store URL`.
+//! - **A tier** ([`Tier`](idem_core::tier::Tier)), usually the cold one
+//!   behind a memory store: `import_many` writes a batch as one statement
+//!   per table (bound values; on MySQL in a transaction with a read of
+//!   what it wrote), a token high-water mark per table in `PREFIX_tokens`
+//!   is raised in the same transaction, and `completed_keys` walks the
+//!   primary key namespace by namespace, in encoded-key order.
 //!
 //!
 //! Beside the store, two tools work inside the caller's own transaction, so
@@ -66,6 +72,7 @@ mod sweep;
 mod table;
 #[cfg(test)]
 mod tests;
+mod tier;
 mod transition;
 
 pub use builder::{DEFAULT_LOCK_TIMEOUT, OpenError, SqlStoreBuilder, redacted};

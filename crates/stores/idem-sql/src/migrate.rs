@@ -31,14 +31,64 @@ struct Migration {
 
 /// Every version, in order. A released version is never edited: a change
 /// is a new version.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "record tables, with an index on expiry for the sweeper",
-    statements: record_tables,
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "record tables, with an index on expiry for the sweeper",
+        statements: record_tables,
+    },
+    Migration {
+        version: 2,
+        description: "token high-water marks, one row per record table",
+        statements: high_water_table,
+    },
+];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
+
+/// The table of token high-water marks: `PREFIX_tokens`.
+pub(crate) fn tokens_table(tables: &Tables) -> String {
+    format!("{}_tokens", tables.prefix())
+}
+
+/// The largest token each record table has imported or been told to stay
+/// above (`Tier::raise_token_floor`): tokens there otherwise follow the
+/// clock, which the mark may run ahead of. One row per record table, so
+/// imports into different tables never wait for each other's row lock.
+fn high_water_table(dialect: Dialect, tables: &Tables) -> Vec<String> {
+    let t = tokens_table(tables);
+    let mut out = Vec::new();
+    match dialect {
+        Dialect::Postgres => {
+            out.push(format!(
+                "CREATE TABLE IF NOT EXISTS \"{t}\" (
+                  record_table text PRIMARY KEY,
+                  high_water int8 NOT NULL)"
+            ));
+            for r in tables.all() {
+                out.push(format!(
+                    "INSERT INTO \"{t}\" (record_table, high_water) VALUES ('{r}', 0)
+                     ON CONFLICT (record_table) DO NOTHING"
+                ));
+            }
+        }
+        Dialect::MySql => {
+            out.push(format!(
+                "CREATE TABLE IF NOT EXISTS `{t}` (
+                  record_table VARCHAR(64) NOT NULL PRIMARY KEY,
+                  high_water BIGINT NOT NULL
+                ) ENGINE=InnoDB"
+            ));
+            for r in tables.all() {
+                out.push(format!(
+                    "INSERT IGNORE INTO `{t}` (record_table, high_water) VALUES ('{r}', 0)"
+                ));
+            }
+        }
+    }
+    out
+}
 
 fn record_tables(dialect: Dialect, tables: &Tables) -> Vec<String> {
     let mut out = Vec::new();

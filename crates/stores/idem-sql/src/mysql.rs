@@ -29,6 +29,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures_util::TryStreamExt;
+use idem_core::tier::ImportItem;
 use idem_core::{
     Begin, BeginItem, CompleteItem, Entry, Fenced, FencingToken, Key, Lease, Record, ScanQuery,
     StoreError, Timestamp,
@@ -36,7 +37,8 @@ use idem_core::{
 use sqlx::mysql::{MySqlPool, MySqlRow};
 use sqlx::{AssertSqlSafe, Either, QueryBuilder, Row};
 
-use crate::row::{ScanFilter, StoredRow, ms, token_column};
+use crate::migrate::tokens_table;
+use crate::row::{ScanFilter, StoredRow, import_token, millis_column, ms, token_column};
 use crate::table::Tables;
 
 /// The server's clock in milliseconds.
@@ -55,9 +57,20 @@ pub(crate) struct MySql {
     pub(crate) scan: Vec<String>,
     pub(crate) release: Vec<String>,
     pub(crate) sweep: Vec<String>,
+    pub(crate) next_namespace: Vec<String>,
+    pub(crate) completed_page: Vec<String>,
+    /// The server's clock in milliseconds.
+    pub(crate) clock: String,
+    /// Raises a table's token high-water mark: token, then table.
+    pub(crate) raise_high_water: String,
+    /// The server's clock and the largest high-water mark.
+    pub(crate) high_water: String,
     /// Most bytes of values one batch statement carries, within the
     /// server's `max_allowed_packet`.
     pub statement_bytes: usize,
+    /// Most bytes one import statement carries: as much as the server's
+    /// `max_allowed_packet` takes, since a cold tier's batches are large.
+    pub import_bytes: usize,
 }
 
 /// Writes `bytes` as a hexadecimal literal.
@@ -117,9 +130,35 @@ fn bind_key_match<'k>(q: &mut QueryBuilder<sqlx::MySql>, keys: impl Iterator<Ite
 
 impl MySql {
     pub fn new(pool: MySqlPool, tables: &Tables, max_allowed_packet: usize) -> Self {
+        let tokens = format!("`{}`", tokens_table(tables));
         let tables: Vec<String> = tables.all().map(|t| format!("`{t}`")).collect();
         Self {
             pool,
+            // One probe of the primary key. `SELECT DISTINCT ns` would make
+            // one loose scan of it only once the table's statistics say
+            // that pays, and read every row of a table filled since.
+            next_namespace: tables
+                .iter()
+                .map(|t| format!("SELECT ns FROM {t} WHERE ns > ? ORDER BY ns LIMIT 1"))
+                .collect(),
+            // As on PostgreSQL, the page walks the primary key and says
+            // which rows are live completed records.
+            completed_page: tables
+                .iter()
+                .map(|t| {
+                    format!(
+                        "SELECT k, state = 2 AND expires_at > {NOW} AS live FROM {t}
+                        WHERE ns = ? AND k > ? ORDER BY k LIMIT ?"
+                    )
+                })
+                .collect(),
+            clock: format!("SELECT {NOW}"),
+            raise_high_water: format!(
+                "UPDATE {tokens} SET high_water = GREATEST(high_water, ?) WHERE record_table = ?"
+            ),
+            high_water: format!(
+                "SELECT {NOW} AS now, (SELECT MAX(high_water) FROM {tokens}) AS high_water"
+            ),
             get: tables
                 .iter()
                 .map(|t| format!("SELECT {NOW} AS now, {ROW} FROM {t} WHERE ns = ? AND k = ?"))
@@ -156,6 +195,9 @@ impl MySql {
             tables,
             statement_bytes: crate::store::OUTCOME_BYTES_PER_STATEMENT
                 .min(max_allowed_packet.saturating_sub(crate::builder::PACKET_OVERHEAD))
+                .max(1),
+            import_bytes: max_allowed_packet
+                .saturating_sub(crate::builder::PACKET_OVERHEAD)
                 .max(1),
         }
     }
@@ -507,6 +549,214 @@ impl MySql {
             .await
             .map_err(crate::error::store)?;
         Ok(done.rows_affected())
+    }
+}
+
+/// Values one imported record binds in the upsert.
+pub(crate) const IMPORT_BINDS: usize = 9;
+
+/// The tier statements (docs/contract.md §2, "Tiers").
+impl MySql {
+    /// Pushes the upsert of `import` for `items`, values bound: each key
+    /// whose row is not a live completed record at `now` takes the item,
+    /// stamped with `stamp` in `claim`; a live completed row keeps
+    /// everything, its stamp included.
+    pub(crate) fn push_import(
+        &self,
+        upsert: &mut QueryBuilder<sqlx::MySql>,
+        shard: u16,
+        items: &[&ImportItem],
+        tokens: &[i64],
+        now: i64,
+        stamp: i64,
+    ) {
+        let table = &self.tables[usize::from(shard)];
+        upsert.push(format_args!(
+            "INSERT INTO {table} (ns, k, state, token, fp, attempts, started_at, lease_until,
+                                 outcome, completed_at, expires_at, claim) "
+        ));
+        upsert.push_values(items.iter().zip(tokens), |mut row, (item, &token)| {
+            let r = &item.record;
+            row.push_bind(ns(&item.key))
+                .push_bind(&item.key.bytes()[..])
+                .push("2")
+                .push_bind(token)
+                .push_bind(r.fingerprint.map(|f| f.to_bytes().to_vec()))
+                .push("1")
+                .push_bind(millis_column(r.completed_at))
+                .push("0")
+                .push_bind(r.outcome.as_deref())
+                .push_bind(millis_column(r.completed_at))
+                .push_bind(millis_column(r.expires_at))
+                .push_bind(stamp);
+        });
+        // As in `begin`: assignments run left to right, `claim` is decided
+        // first from the row as found, and every later one asks whether it
+        // was taken.
+        let taken = "claim = VALUES(claim)";
+        upsert.push(" ON DUPLICATE KEY UPDATE claim = IF(state = 2 AND expires_at > ");
+        upsert.push_bind(now);
+        upsert.push(format_args!(
+            ", claim, VALUES(claim)),
+              token = IF({taken}, VALUES(token), token),
+              fp = IF({taken}, VALUES(fp), fp),
+              attempts = IF({taken}, 1, attempts),
+              started_at = IF({taken}, VALUES(started_at), started_at),
+              lease_until = IF({taken}, 0, lease_until),
+              outcome = IF({taken}, VALUES(outcome), outcome),
+              completed_at = IF({taken}, VALUES(completed_at), completed_at),
+              expires_at = IF({taken}, VALUES(expires_at), expires_at),
+              state = IF({taken}, 2, state)"
+        ));
+    }
+
+    /// Pushes the read of the rows `import`'s upsert stamped with `stamp`:
+    /// the keys as a derived table joined on the primary key, one lookup
+    /// each. (Keys ORed in the `WHERE`, as the other reads match them, are
+    /// found through the primary key too, but MariaDB then tests every row
+    /// found against the whole list: a read of thousands of keys took
+    /// seconds.)
+    pub(crate) fn push_import_read(
+        &self,
+        read: &mut QueryBuilder<sqlx::MySql>,
+        shard: u16,
+        items: &[&ImportItem],
+        stamp: i64,
+    ) {
+        let table = &self.tables[usize::from(shard)];
+        read.push("SELECT r.ns, r.k, r.token FROM (");
+        for (i, item) in items.iter().enumerate() {
+            read.push(if i == 0 {
+                "SELECT "
+            } else {
+                " UNION ALL SELECT "
+            });
+            read.push_bind(ns(&item.key));
+            read.push(" AS ns, ");
+            read.push_bind(&item.key.bytes()[..]);
+            read.push(" AS k");
+        }
+        read.push(format_args!(
+            ") i JOIN {table} r ON r.ns = i.ns AND r.k = i.k WHERE r.claim = "
+        ));
+        read.push_bind(stamp);
+    }
+
+    /// `import_many` for items of one shard, no key twice: whether each
+    /// item was written.
+    ///
+    /// An upsert returns no rows here (MySQL has no `RETURNING`, and
+    /// MariaDB's does not cover `ON DUPLICATE KEY UPDATE`), and its count of
+    /// affected rows is one number for the whole statement. So the upsert
+    /// stamps each row it writes with a number no other statement uses,
+    /// and a read in the same transaction finds the stamped rows: those
+    /// are the items written. The transaction holds the written rows'
+    /// locks until it commits, so nothing changes them between the upsert
+    /// and the read, and it raises the table's high-water mark with them:
+    /// the records and the mark commit together.
+    pub async fn import(
+        &self,
+        shard: u16,
+        items: &[&ImportItem],
+        record_table: &str,
+    ) -> Result<Vec<bool>, StoreError> {
+        let tokens: Vec<i64> = items
+            .iter()
+            .map(|i| import_token(i))
+            .collect::<Result<_, _>>()?;
+        let mut written = vec![false; items.len()];
+        let mut tx = self.pool.begin().await.map_err(crate::error::store)?;
+        let now: i64 = sqlx::query_scalar(AssertSqlSafe(&*self.clock))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(crate::error::store)?;
+        // A record already expired is not written.
+        let live: Vec<usize> = (0..items.len())
+            .filter(|&i| millis_column(items[i].record.expires_at) > now)
+            .collect();
+        if live.is_empty() {
+            tx.rollback().await.map_err(crate::error::store)?;
+            return Ok(written);
+        }
+        let live_items: Vec<&ImportItem> = live.iter().map(|&i| items[i]).collect();
+        let live_tokens: Vec<i64> = live.iter().map(|&i| tokens[i]).collect();
+        let stamp = claim_stamp();
+        // Not kept prepared: the text changes with the number of items,
+        // and would push the store's own statements out of the cache.
+        let mut upsert = QueryBuilder::<sqlx::MySql>::new("");
+        self.push_import(&mut upsert, shard, &live_items, &live_tokens, now, stamp);
+        upsert
+            .build()
+            .persistent(false)
+            .execute(&mut *tx)
+            .await
+            .map_err(crate::error::store)?;
+        let mut read = QueryBuilder::<sqlx::MySql>::new("");
+        self.push_import_read(&mut read, shard, &live_items, stamp);
+        let rows = read
+            .build()
+            .persistent(false)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(crate::error::store)?;
+        let index: HashMap<(&[u8], &[u8]), usize> = live
+            .iter()
+            .map(|&i| ((ns(&items[i].key), &items[i].key.bytes()[..]), i))
+            .collect();
+        let mut high_water = None;
+        for row in rows {
+            let (ns, k): (Vec<u8>, Vec<u8>) = (get(&row, "ns")?, get(&row, "k")?);
+            if let Some(&i) = index.get(&(&ns[..], &k[..])) {
+                written[i] = true;
+                high_water = high_water.max(Some(get::<i64>(&row, "token")?));
+            }
+        }
+        if let Some(token) = high_water {
+            sqlx::query(AssertSqlSafe(&*self.raise_high_water))
+                .bind(token)
+                .bind(record_table)
+                .execute(&mut *tx)
+                .await
+                .map_err(crate::error::store)?;
+        }
+        tx.commit().await.map_err(crate::error::store)?;
+        Ok(written)
+    }
+
+    /// The namespaces of one shard's table, one probe each.
+    pub async fn namespaces(&self, shard: u16) -> Result<Vec<Vec<u8>>, StoreError> {
+        let mut found: Vec<Vec<u8>> = Vec::new();
+        loop {
+            let next: Option<Vec<u8>> =
+                sqlx::query_scalar(AssertSqlSafe(&*self.next_namespace[usize::from(shard)]))
+                    .bind(found.last().map_or(&[][..], |n| &n[..]))
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(crate::error::store)?;
+            match next {
+                Some(ns) => found.push(ns),
+                None => return Ok(found),
+            }
+        }
+    }
+
+    /// The next `limit` keys of one namespace in one shard's table, after
+    /// `after`, in order, each with whether it holds a live completed
+    /// record.
+    pub async fn completed_page(
+        &self,
+        shard: u16,
+        namespace: &[u8],
+        after: &[u8],
+        limit: i64,
+    ) -> Result<Vec<(Vec<u8>, bool)>, StoreError> {
+        sqlx::query_as(AssertSqlSafe(&*self.completed_page[usize::from(shard)]))
+            .bind(namespace)
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(crate::error::store)
     }
 }
 

@@ -8,6 +8,7 @@
 //! a batch is one statement too. The clock is the server's
 //! (`clock_timestamp()`, in milliseconds), read once per statement.
 
+use idem_core::tier::ImportItem;
 use idem_core::{
     Begin, BeginItem, CompleteItem, Entry, Fenced, FencingToken, Key, Lease, Record, ScanQuery,
     StoreError, Timestamp,
@@ -15,7 +16,8 @@ use idem_core::{
 use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Row};
 
-use crate::row::{ScanFilter, StoredRow, ms, token_column};
+use crate::migrate::tokens_table;
+use crate::row::{ScanFilter, StoredRow, import_token, millis_column, ms, token_column};
 use crate::table::{TableName, Tables};
 
 /// The server's clock in milliseconds, read once per statement.
@@ -33,10 +35,13 @@ pub(crate) struct TableSql {
     pub(crate) get: String,
     pub(crate) scan: String,
     pub(crate) sweep: String,
+    pub(crate) import: String,
+    pub(crate) namespaces: String,
+    pub(crate) completed_page: String,
 }
 
 impl TableSql {
-    fn new(table: TableName<'_>) -> Self {
+    fn new(table: TableName<'_>, tokens: &str) -> Self {
         let t = format!("\"{table}\"");
         Self {
             begin: format!(
@@ -131,6 +136,64 @@ impl TableSql {
                   SELECT r.ctid FROM {t} r WHERE r.expires_at <= (SELECT now FROM c)
                   ORDER BY r.expires_at LIMIT $1 FOR UPDATE OF r SKIP LOCKED))"
             ),
+            // Writes each record unless the key holds a live completed
+            // one, and raises the table's high-water mark to the largest
+            // token written, in the same statement (so the same
+            // transaction). Answers the items written.
+            import: format!(
+                "WITH {NOW},
+                i AS (SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::bytea[],
+                                           $5::bytea[], $6::int8[], $7::int8[])
+                      WITH ORDINALITY AS u(ns, k, token, fp, outcome, completed_at, expires_at, n)),
+                w AS (
+                  INSERT INTO {t} AS r (ns, k, state, token, fp, attempts, started_at, lease_until,
+                                        outcome, completed_at, expires_at)
+                  SELECT i.ns, i.k, 2, i.token, i.fp, 1, i.completed_at, 0,
+                         i.outcome, i.completed_at, i.expires_at
+                  FROM i CROSS JOIN c WHERE i.expires_at > c.now ORDER BY i.ns, i.k
+                  ON CONFLICT (ns, k) DO UPDATE SET
+                    state = 2,
+                    token = EXCLUDED.token,
+                    fp = EXCLUDED.fp,
+                    attempts = 1,
+                    started_at = EXCLUDED.started_at,
+                    lease_until = 0,
+                    outcome = EXCLUDED.outcome,
+                    completed_at = EXCLUDED.completed_at,
+                    expires_at = EXCLUDED.expires_at
+                  WHERE r.state <> 2 OR r.expires_at <= (SELECT now FROM c)
+                  RETURNING r.ns, r.k, r.token
+                ),
+                h AS (
+                  UPDATE \"{tokens}\" AS h SET high_water = m.token
+                  FROM (SELECT max(token) AS token FROM w) AS m
+                  WHERE h.record_table = $8 AND m.token > h.high_water
+                )
+                SELECT i.n FROM i JOIN w ON w.ns = i.ns AND w.k = i.k"
+            ),
+            // The table's namespaces, one probe of the primary key each
+            // (PostgreSQL has no skip scan of its own).
+            namespaces: format!(
+                "WITH RECURSIVE n AS (
+                  (SELECT ns FROM {t} ORDER BY ns LIMIT 1)
+                  UNION ALL
+                  SELECT (SELECT r.ns FROM {t} r WHERE r.ns > n.ns ORDER BY r.ns LIMIT 1)
+                  FROM n WHERE n.ns IS NOT NULL
+                )
+                SELECT ns FROM n WHERE ns IS NOT NULL"
+            ),
+            // Walks the primary key and says which rows are live completed
+            // records, rather than filtering them in the statement: with
+            // the filter, a table not yet analysed is estimated to hold
+            // few such rows, and the plan reads every row of the namespace
+            // through a bitmap and sorts them, however small the page.
+            completed_page: format!(
+                "WITH {NOW}
+                SELECT r.k, (r.state = 2 AND r.expires_at > c.now) AS live
+                FROM (SELECT k, state, expires_at FROM {t}
+                      WHERE ns = $1 AND k > $2 ORDER BY k LIMIT $3) AS r
+                CROSS JOIN c"
+            ),
         }
     }
 }
@@ -139,6 +202,12 @@ impl TableSql {
 pub(crate) struct Postgres {
     pub pool: PgPool,
     pub(crate) sql: Vec<TableSql>,
+    /// The server's clock in milliseconds.
+    pub(crate) clock: String,
+    /// Raises a table's token high-water mark: `$1` token, `$2` table.
+    pub(crate) raise_high_water: String,
+    /// The largest high-water mark of the store's tables, and the clock.
+    pub(crate) high_water: String,
 }
 
 fn ns(key: &Key) -> &[u8] {
@@ -147,9 +216,18 @@ fn ns(key: &Key) -> &[u8] {
 
 impl Postgres {
     pub fn new(pool: PgPool, tables: &Tables) -> Self {
+        let tokens = tokens_table(tables);
         Self {
             pool,
-            sql: tables.all().map(TableSql::new).collect(),
+            sql: tables.all().map(|t| TableSql::new(t, &tokens)).collect(),
+            clock: format!("WITH {NOW} SELECT now FROM c"),
+            raise_high_water: format!(
+                "UPDATE \"{tokens}\" SET high_water = GREATEST(high_water, $1)
+                 WHERE record_table = $2"
+            ),
+            high_water: format!(
+                "WITH {NOW} SELECT c.now, (SELECT max(high_water) FROM \"{tokens}\") AS high_water FROM c"
+            ),
         }
     }
 
@@ -332,6 +410,83 @@ impl Postgres {
             .await
             .map_err(crate::error::store)?;
         Ok(done.rows_affected())
+    }
+}
+
+/// The tier statements (docs/contract.md §2, "Tiers").
+impl Postgres {
+    /// `import_many` for items of one shard, no key twice, in one
+    /// statement: whether each item was written.
+    pub async fn import(
+        &self,
+        shard: u16,
+        items: &[&ImportItem],
+        record_table: &str,
+    ) -> Result<Vec<bool>, StoreError> {
+        let mut nss = Vec::with_capacity(items.len());
+        let mut ks = Vec::with_capacity(items.len());
+        let mut tokens = Vec::with_capacity(items.len());
+        let mut fps = Vec::with_capacity(items.len());
+        let mut outcomes = Vec::with_capacity(items.len());
+        let mut completed = Vec::with_capacity(items.len());
+        let mut expires = Vec::with_capacity(items.len());
+        for item in items {
+            let r = &item.record;
+            nss.push(ns(&item.key));
+            ks.push(&item.key.bytes()[..]);
+            tokens.push(import_token(item)?);
+            fps.push(r.fingerprint.map(|f| f.to_bytes().to_vec()));
+            outcomes.push(r.outcome.as_deref());
+            completed.push(millis_column(r.completed_at));
+            expires.push(millis_column(r.expires_at));
+        }
+        let rows = sqlx::query(AssertSqlSafe(&*self.sql[usize::from(shard)].import))
+            .bind(nss)
+            .bind(ks)
+            .bind(tokens)
+            .bind(fps)
+            .bind(outcomes)
+            .bind(completed)
+            .bind(expires)
+            .bind(record_table)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(crate::error::store)?;
+        let mut written = vec![false; items.len()];
+        for row in rows {
+            let n: i64 = row.try_get(0).map_err(crate::error::store)?;
+            if let Some(w) = written.get_mut(usize::try_from(n - 1).unwrap_or(usize::MAX)) {
+                *w = true;
+            }
+        }
+        Ok(written)
+    }
+
+    /// The namespaces of one shard's table.
+    pub async fn namespaces(&self, shard: u16) -> Result<Vec<Vec<u8>>, StoreError> {
+        sqlx::query_scalar(AssertSqlSafe(&*self.sql[usize::from(shard)].namespaces))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(crate::error::store)
+    }
+
+    /// The next `limit` keys of one namespace in one shard's table, after
+    /// `after`, in order, each with whether it holds a live completed
+    /// record.
+    pub async fn completed_page(
+        &self,
+        shard: u16,
+        namespace: &[u8],
+        after: &[u8],
+        limit: i64,
+    ) -> Result<Vec<(Vec<u8>, bool)>, StoreError> {
+        sqlx::query_as(AssertSqlSafe(&*self.sql[usize::from(shard)].completed_page))
+            .bind(namespace)
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(crate::error::store)
     }
 }
 

@@ -2,6 +2,7 @@
 
 use bytes::Bytes;
 use idem_core::machine::{Current, Decision, decide_begin, retry_after};
+use idem_core::tier::ImportItem;
 use idem_core::{
     Begin, Claim, Completed, Entry, FencingToken, Fingerprint, InProgress, Key, Namespace, Record,
     RecordState, ScanQuery, StoreError, Timestamp,
@@ -128,6 +129,33 @@ pub(crate) fn token(t: i64) -> FencingToken {
 /// they start from the clock in milliseconds × 1024.
 pub(crate) fn token_column(t: FencingToken) -> i64 {
     i64::try_from(t.get()).unwrap_or(i64::MAX)
+}
+
+/// A timestamp as the millisecond columns hold it.
+pub(crate) fn millis_column(t: Timestamp) -> i64 {
+    i64::try_from(t.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The token of a record to import, as the column holds it; a token
+/// beyond the column's range (which no idem store issues: the SQL and
+/// Redis stores' follow the clock in milliseconds × 1024, the others count
+/// from 1) is refused rather than stored as another token.
+pub(crate) fn import_token(item: &ImportItem) -> Result<i64, StoreError> {
+    token_in_range(
+        item.record.token,
+        &format!("the record to import for {}", item.key),
+    )
+}
+
+/// `t` as the token columns hold it, or an error naming `what` carried it.
+pub(crate) fn token_in_range(t: FencingToken, what: &str) -> Result<i64, StoreError> {
+    i64::try_from(t.get()).map_err(|_| {
+        StoreError::Corrupt(format!(
+            "{what} has token {t}, beyond the largest the SQL store's token columns hold ({}); \
+             no idem store issues such tokens",
+            i64::MAX
+        ))
+    })
 }
 
 /// Whole milliseconds of `d`, as the columns count them.

@@ -9,6 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::future::join_all;
 use idem_core::coalesce::{Batched, StoreBatches};
+use idem_core::layer::{Checked, StoreWrapper};
 use idem_core::{
     Begin, BeginItem, CompleteItem, Entry, Fenced, FencingToken, Fingerprint, Key, Lease, Limits,
     Record, ScanQuery, Store, StoreError, Timestamp,
@@ -26,9 +27,50 @@ use crate::table::Tables;
 const TRIES: usize = 8;
 
 /// A store whose records live in PostgreSQL or MySQL/MariaDB tables; see
-/// the [crate docs](crate). Clones share one connection pool.
+/// the [crate docs](crate). Clones share one connection pool. It is also a
+/// [`Tier`](idem_core::tier::Tier), usually the cold one: `import_many`
+/// writes a batch as one statement per table.
+///
+/// Each operation's write is one statement in autocommit, so the server
+/// applies it whole or not at all. On PostgreSQL that statement also reads
+/// what the operation answers; on MySQL, which returns no rows from a
+/// write, a second statement reads them (`begin` and `extend` send theirs
+/// in the same round trip; `complete` reads only when an item was not
+/// taken). `begin_many` sends one statement per shard and 512 items; when
+/// some statements fail, it answers the error and releases the claims the
+/// others made, since the caller gets no tokens to complete them.
+///
+/// # Cancel safety
+///
+/// Cancel safe. A dropped call either never reached the server or runs to
+/// its end there, as if only its answer were lost:
+///
+/// - `begin`, `begin_many`: a claim whose caller left is released when the
+///   store learns of it (a claim made in a batch), or otherwise ends with
+///   its lease.
+/// - `complete`, `complete_many`: a completion stands, and its holder's
+///   retried `complete` answers `Ok`.
+/// - `release`, `extend`: the update is applied or not.
+/// - `get`, `scan`, `token_high_water`, `completed_keys` read only.
+/// - `import_many`: each table's part of the batch (one statement, or a
+///   few when it is larger than a statement carries; on MySQL each in a
+///   transaction with the read that tells what it wrote) is applied whole
+///   or not at all; importing the same records again keeps what was
+///   written.
+/// - `raise_token_floor`, `record_high_water`: the mark is written or not;
+///   a call that returned `Ok` has written it.
+///
+/// The pool reads what the server still had to say on a dropped call's
+/// connection before lending it again.
 #[derive(Clone)]
 pub struct SqlStore {
+    store: Checked<Records>,
+}
+
+/// A SQL store's operations, behind the limit checks [`Checked`] makes; its
+/// cancel safety is documented on [`SqlStore`].
+#[derive(Clone)]
+pub struct Records {
     pub(crate) inner: Arc<Inner>,
     pub(crate) batches: Arc<StoreBatches>,
     pub(crate) _sweeper: Option<Arc<Sweeper>>,
@@ -50,6 +92,17 @@ pub(crate) struct Inner {
 }
 
 impl SqlStore {
+    pub(crate) fn new(records: Records) -> Self {
+        Self {
+            store: Checked::new(records),
+        }
+    }
+
+    /// The store's shared state.
+    pub(crate) fn records(&self) -> &Arc<Inner> {
+        &self.store.inner().inner
+    }
+
     /// Configures a store for the database at `url`:
     /// `postgres://USER[:PASSWORD]@HOST:PORT/DB` or
     /// `mysql://USER[:PASSWORD]@HOST:PORT/DB`, optionally with
@@ -75,23 +128,31 @@ impl SqlStore {
     ///
     /// Cancel safe: each statement deletes its batch or nothing.
     pub async fn sweep(&self) -> Result<u64, StoreError> {
-        self.inner.sweep().await
+        self.records().sweep().await
     }
 
     /// The tables, for operations.
     pub fn tables(&self) -> &Tables {
-        &self.inner.tables
+        &self.records().tables
     }
 
     /// Which server and URL this store uses, without the password.
     pub fn description(&self) -> &str {
-        &self.inner.description
+        &self.records().description
+    }
+}
+
+impl StoreWrapper for SqlStore {
+    type Inner = Checked<Records>;
+
+    fn inner(&self) -> &Checked<Records> {
+        &self.store
     }
 }
 
 /// Runs `op` again while it fails with a deadlock or serialization
 /// failure, which the server rolled back whole.
-async fn retrying<T, F, Fut>(op: F) -> Result<T, StoreError>
+pub(crate) async fn retrying<T, F, Fut>(op: F) -> Result<T, StoreError>
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Result<T, StoreError>>,
@@ -120,10 +181,11 @@ fn copy(e: &StoreError) -> StoreError {
 /// rows' locks for less time.
 pub(crate) const OUTCOME_BYTES_PER_STATEMENT: usize = 1 << 20;
 
-/// Cuts `idx` into statements of at most [`ITEMS_PER_STATEMENT`] items and
-/// `budget` bytes (a larger item goes alone).
-fn statements(
+/// Cuts `idx` into statements of at most `items` items and `budget` bytes
+/// (a larger item goes alone).
+pub(crate) fn statements(
     idx: &[usize],
+    items: usize,
     budget: usize,
     item_bytes: impl Fn(usize) -> usize,
 ) -> Vec<Vec<usize>> {
@@ -132,7 +194,7 @@ fn statements(
     for &i in idx {
         let size = item_bytes(i);
         match out.last_mut() {
-            Some(last) if last.len() < ITEMS_PER_STATEMENT && bytes + size <= budget => {
+            Some(last) if last.len() < items && bytes + size <= budget => {
                 last.push(i);
                 bytes += size;
             }
@@ -146,7 +208,7 @@ fn statements(
 }
 
 /// A key's bytes in a statement: its namespace and key.
-fn key_bytes(key: &Key) -> usize {
+pub(crate) fn key_bytes(key: &Key) -> usize {
     key.namespace().as_str().len() + key.bytes().len()
 }
 
@@ -170,7 +232,7 @@ impl Db {
 }
 
 /// The order of the tables' primary key: namespace, then key, bytewise.
-fn in_row_order(a: &Key, b: &Key) -> std::cmp::Ordering {
+pub(crate) fn in_row_order(a: &Key, b: &Key) -> std::cmp::Ordering {
     (a.namespace().as_str().as_bytes(), &a.bytes()[..])
         .cmp(&(b.namespace().as_str().as_bytes(), &b.bytes()[..]))
 }
@@ -178,7 +240,7 @@ fn in_row_order(a: &Key, b: &Key) -> std::cmp::Ordering {
 /// Splits `n` items into rounds in which no key appears twice: an item
 /// goes in the round after its key's previous appearance, so the rounds,
 /// run in order, answer as if the items ran one after another.
-fn rounds<'a>(keys: impl Iterator<Item = &'a Key>) -> Vec<Vec<usize>> {
+pub(crate) fn rounds<'a>(keys: impl Iterator<Item = &'a Key>) -> Vec<Vec<usize>> {
     let mut seen: HashMap<&Key, usize> = HashMap::new();
     let mut out: Vec<Vec<usize>> = Vec::new();
     for (i, key) in keys.enumerate() {
@@ -215,7 +277,7 @@ impl Batched for Inner {
 }
 
 impl Inner {
-    fn shard(&self, key: &Key) -> u16 {
+    pub(crate) fn shard(&self, key: &Key) -> u16 {
         self.tables.shard_of(key)
     }
 
@@ -237,7 +299,7 @@ impl Inner {
                     // Rows locked in one order by every statement cannot
                     // deadlock each other.
                     idx.sort_by(|&a, &b| in_row_order(&items[a].key, &items[b].key));
-                    statements(&idx, self.db.statement_bytes(), |i| {
+                    statements(&idx, ITEMS_PER_STATEMENT, self.db.statement_bytes(), |i| {
                         self.db.begin_bytes(&items[i].key)
                     })
                     .into_iter()
@@ -306,7 +368,7 @@ impl Inner {
             }
             let calls = by_shard.into_iter().flat_map(|(shard, mut idx)| {
                 idx.sort_by(|&a, &b| in_row_order(&items[a].key, &items[b].key));
-                statements(&idx, self.db.statement_bytes(), |i| {
+                statements(&idx, ITEMS_PER_STATEMENT, self.db.statement_bytes(), |i| {
                     let item = &items[i];
                     item.outcome.as_ref().map_or(0, |o| o.len()) + key_bytes(&item.key)
                 })
@@ -381,29 +443,13 @@ impl Inner {
     }
 }
 
-/// Each operation's write is one statement in autocommit, so the server
-/// applies it whole or not at all. On PostgreSQL that statement also reads
-/// what the operation answers; on MySQL, which returns no rows from a
-/// write, a second statement reads them (`begin` and `extend` send theirs
-/// in the same round trip; `complete` reads only when an item was not
-/// taken).
-///
-/// # Cancel safety
-///
-/// Cancel safe. A dropped call either never reached the server or runs to
-/// its end there, as if only its answer were lost: a `begin` whose caller
-/// left is released when the store learns of it (a claim made in a batch),
-/// or otherwise ends with its lease; a `complete` stands, and its holder's
-/// retried `complete` answers `Ok`. The pool reads what the server still
-/// had to say on a dropped call's connection before lending it again.
-impl Store for SqlStore {
+impl Store for Records {
     async fn begin(
         &self,
         key: &Key,
         fingerprint: Option<Fingerprint>,
         lease: Lease,
     ) -> Result<Begin, StoreError> {
-        self.inner.limits.check_begin(key, lease)?;
         let item = BeginItem {
             key: key.clone(),
             fingerprint,
@@ -419,9 +465,6 @@ impl Store for SqlStore {
         outcome: Option<Bytes>,
         retention: Duration,
     ) -> Result<Fenced, StoreError> {
-        self.inner
-            .limits
-            .check_complete(key, outcome.as_ref(), retention)?;
         let item = CompleteItem {
             key: key.clone(),
             token,
@@ -432,7 +475,6 @@ impl Store for SqlStore {
     }
 
     async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
-        self.inner.limits.check_key(key)?;
         self.inner.release(key, token).await
     }
 
@@ -442,7 +484,6 @@ impl Store for SqlStore {
         token: FencingToken,
         lease: Lease,
     ) -> Result<Fenced<Timestamp>, StoreError> {
-        self.inner.limits.check_begin(key, lease)?;
         let inner = &self.inner;
         let shard = inner.shard(key);
         retrying(|| async {
@@ -461,7 +502,6 @@ impl Store for SqlStore {
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        self.inner.limits.check_key(key)?;
         let shard = self.inner.shard(key);
         retrying(|| async {
             match &self.inner.db {
@@ -472,11 +512,7 @@ impl Store for SqlStore {
         .await
     }
 
-    /// `begin_many`: one statement per shard and 512 items. When some statements fail, answers the error and releases
-    /// the claims the others made, since the caller gets no tokens to
-    /// complete them.
     async fn begin_many(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
-        self.inner.limits.check_begin_items(items)?;
         let answers = self.inner.begin_items(items).await;
         if answers.iter().all(Result::is_ok) {
             return answers.into_iter().collect();
@@ -494,7 +530,6 @@ impl Store for SqlStore {
     }
 
     async fn complete_many(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {
-        self.inner.limits.check_complete_items(items)?;
         self.inner.complete_items(items).await.into_iter().collect()
     }
 

@@ -31,4 +31,19 @@ mod sixteen_shards_one_statement_each {
     }
 
     idem_testkit::conformance_tests!(subject());
+
+    /// The tier cases across 16 tables: imports split by table, and
+    /// completed keys merged from them.
+    mod tier {
+        use super::*;
+
+        idem_testkit::tier_conformance_tests!(subject());
+    }
+}
+
+/// The tier cases: imports, token floors and marks, and the completed keys.
+mod tier {
+    use super::*;
+
+    idem_testkit::tier_conformance_tests!(subject());
 }

@@ -151,5 +151,6 @@ async fn an_outcome_limit_the_packet_cannot_carry_is_refused_at_open() {
         "{err}"
     );
     support::exec(&url, &format!("DROP TABLE IF EXISTS `{prefix}`")).await;
+    support::exec(&url, &format!("DROP TABLE IF EXISTS `{prefix}_tokens`")).await;
     support::exec(&url, &format!("DROP TABLE IF EXISTS `{prefix}_schema`")).await;
 }

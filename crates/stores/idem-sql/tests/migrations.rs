@@ -105,3 +105,57 @@ async fn stores_opening_together_apply_each_version_once() {
         support::drop_tables(&stores[0], &url).await;
     }
 }
+
+/// A store made at schema version 1 gains the token high-water table, one
+/// row per record table, when it opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_one_tables_gain_the_token_marks() {
+    for (service, url) in support::databases() {
+        let prefix = support::fresh_prefix("upgrade");
+        let Some(store) = support::open(service, &url, |b| b.table(&prefix).shards(4)).await else {
+            continue;
+        };
+        let q = |name: &str| {
+            if url.starts_with("postgres") {
+                format!("\"{name}\"")
+            } else {
+                format!("`{name}`")
+            }
+        };
+        let (schema, tokens) = (
+            q(&format!("{prefix}_schema")),
+            q(&format!("{prefix}_tokens")),
+        );
+        // Back to version 1: what a store opened by an older idem left.
+        support::exec(&url, &format!("DROP TABLE {tokens}")).await;
+        support::exec(&url, &format!("DELETE FROM {schema} WHERE version = 2")).await;
+        match SqlStore::builder(&url)
+            .table(&prefix)
+            .shards(4)
+            .migrate(false)
+            .connect()
+            .await
+        {
+            Err(OpenError::Migrate(m)) => {
+                assert!(
+                    m.contains("schema version 1") && m.contains("idem migrate"),
+                    "{m}"
+                )
+            }
+            other => panic!(
+                "{service}: version 1 tables must be refused without migrating, got {:?}",
+                other.err()
+            ),
+        }
+        let migrated = SqlStore::builder(&url)
+            .table(&prefix)
+            .shards(4)
+            .run_migrations()
+            .await
+            .unwrap();
+        assert_eq!(migrated.applied, [2], "{service}");
+        let rows = support::count(&url, &format!("SELECT COUNT(*) FROM {tokens}")).await;
+        assert_eq!(rows, 4, "{service}: one mark per record table");
+        support::drop_tables(&store, &url).await;
+    }
+}

@@ -59,10 +59,12 @@ pub fn fresh_prefix(name: &str) -> String {
     format!("idem_{name}_{}_{nanos}", std::process::id())
 }
 
-/// Drops the tables of `store` and its schema table.
+/// Drops the tables of `store`: its record tables, its token high-water
+/// marks and its schema table.
 pub async fn drop_tables(store: &SqlStore, url: &str) {
     let tables = store.tables();
     let mut names: Vec<String> = tables.all().map(|t| t.to_string()).collect();
+    names.push(format!("{}_tokens", tables.prefix()));
     names.push(format!("{}_schema", tables.prefix()));
     for name in names {
         let sql = if url.starts_with("postgres") {

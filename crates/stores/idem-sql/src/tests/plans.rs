@@ -1,14 +1,19 @@
 //! Every single-key statement finds its row through the primary key, on
 //! a table of 100 000 rows that was filled but never analysed: no plan
-//! scans the table, and a renewal takes milliseconds.
+//! scans the table, and a renewal takes milliseconds. The tier's
+//! statements walk the primary key too, and `completed_keys` pages through
+//! such a table in encoded-key order.
 
 use std::time::{Duration, Instant};
 
 use idem_core::{Begin, BeginItem, CompleteItem, FencingToken, Key, Lease, Store};
-use sqlx::{AssertSqlSafe, QueryBuilder, Row};
+use sqlx::pool::PoolConnection;
+use sqlx::{AssertSqlSafe, PgConnection, QueryBuilder, Row};
 
 use super::{fresh_prefix, mysql_url, open, postgres_url};
 use crate::SqlStore;
+use crate::mysql::MySql;
+use crate::pg::Postgres;
 use crate::store::Db;
 
 /// Rows in the table the plans are checked on.
@@ -40,18 +45,13 @@ async fn median_renewal(store: &SqlStore) -> Duration {
     took[took.len() / 2]
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_single_key_statements_stay_on_the_primary_key_before_analyze() {
-    let url = postgres_url();
-    let prefix = fresh_prefix("plans");
-    let Some(store) = open("PostgreSQL", &url, |b| b.table(&prefix)).await else {
-        return;
-    };
-    let Db::Postgres(pg) = &store.inner.db else {
-        unreachable!("a postgres:// URL opens PostgreSQL")
-    };
+/// A PostgreSQL store on a table of its own that nothing analyses, and a
+/// connection of its pool.
+async fn unanalysed_postgres(name: &str) -> Option<(SqlStore, PoolConnection<sqlx::Postgres>)> {
+    let prefix = fresh_prefix(name);
+    let store = open("PostgreSQL", &postgres_url(), |b| b.table(&prefix)).await?;
     let table = store.tables().name(0).to_string();
-    let mut conn = pg.pool.acquire().await.unwrap();
+    let mut conn = postgres(&store).pool.acquire().await.unwrap();
     // Statistics arrive only if something analyses the table: nothing
     // here may, so the plans are those of a table just created and filled.
     sqlx::raw_sql(AssertSqlSafe(format!(
@@ -60,6 +60,62 @@ async fn postgres_single_key_statements_stay_on_the_primary_key_before_analyze()
     .execute(&mut *conn)
     .await
     .unwrap();
+    Some((store, conn))
+}
+
+fn postgres(store: &SqlStore) -> &Postgres {
+    let Db::Postgres(pg) = &store.records().db else {
+        unreachable!("a postgres:// URL opens PostgreSQL")
+    };
+    pg
+}
+
+/// A MySQL store on a table of its own, and a connection of its pool.
+async fn mysql_store(name: &str) -> Option<(SqlStore, PoolConnection<sqlx::MySql>)> {
+    let prefix = fresh_prefix(name);
+    let store = open("MySQL", &mysql_url(), |b| b.table(&prefix)).await?;
+    let conn = mysql(&store).pool.acquire().await.unwrap();
+    Some((store, conn))
+}
+
+fn mysql(store: &SqlStore) -> &MySql {
+    let Db::MySql(my) = &store.records().db else {
+        unreachable!("a mysql:// URL opens MySQL")
+    };
+    my
+}
+
+/// The plan a session of the store runs for `statement`: the generic one,
+/// which no parameter value changes.
+async fn generic_plan(conn: &mut PgConnection, statement: &str, params: usize) -> String {
+    sqlx::raw_sql(AssertSqlSafe(format!("PREPARE idem_plan AS {statement}")))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let args = match params {
+        0 => String::new(),
+        n => format!("({})", vec!["NULL"; n].join(", ")),
+    };
+    let plan: Vec<String> =
+        sqlx::query_scalar(AssertSqlSafe(format!("EXPLAIN EXECUTE idem_plan{args}")))
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+    sqlx::raw_sql("DEALLOCATE idem_plan")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    plan.join("\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_single_key_statements_stay_on_the_primary_key_before_analyze() {
+    let url = postgres_url();
+    let Some((store, mut conn)) = unanalysed_postgres("plans").await else {
+        return;
+    };
+    let pg = postgres(&store);
+    let table = store.tables().name(0).to_string();
     sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO \"{table}\" (ns, k, state, token, fp, attempts, started_at, lease_until,
                                  outcome, completed_at, expires_at)
@@ -99,23 +155,7 @@ async fn postgres_single_key_statements_stay_on_the_primary_key_before_analyze()
         ("sweep", &sql.sweep, 1),
     ];
     for (name, statement, params) in statements {
-        // The plan a session of the store runs: the generic one, which no
-        // parameter value changes.
-        sqlx::raw_sql(AssertSqlSafe(format!("PREPARE idem_plan AS {statement}")))
-            .execute(&mut *conn)
-            .await
-            .unwrap();
-        let nulls = vec!["NULL"; params].join(", ");
-        let plan: Vec<String> =
-            sqlx::query_scalar(AssertSqlSafe(format!("EXPLAIN EXECUTE idem_plan({nulls})")))
-                .fetch_all(&mut *conn)
-                .await
-                .unwrap();
-        sqlx::raw_sql("DEALLOCATE idem_plan")
-            .execute(&mut *conn)
-            .await
-            .unwrap();
-        let plan = plan.join("\n");
+        let plan = generic_plan(&mut conn, statement, params).await;
         assert!(
             !plan.contains(&format!("Seq Scan on {table}")),
             "{name} scans the table:\n{plan}"
@@ -148,15 +188,11 @@ async fn postgres_single_key_statements_stay_on_the_primary_key_before_analyze()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_single_key_statements_use_the_primary_key() {
     let url = mysql_url();
-    let prefix = fresh_prefix("plans");
-    let Some(store) = open("MySQL", &url, |b| b.table(&prefix)).await else {
+    let Some((store, mut conn)) = mysql_store("plans").await else {
         return;
     };
-    let Db::MySql(my) = &store.inner.db else {
-        unreachable!("a mysql:// URL opens MySQL")
-    };
+    let my = mysql(&store);
     let table = store.tables().name(0).to_string();
-    let mut conn = my.pool.acquire().await.unwrap();
     sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO `{table}` (ns, k, state, token, fp, attempts, started_at, lease_until,
                                outcome, completed_at, expires_at)
@@ -254,6 +290,181 @@ async fn mysql_single_key_statements_use_the_primary_key() {
     drop_tables(&store, &url, &table).await;
 }
 
+/// The namespaces of the tier tables, in encoded order (`b` before `aa`),
+/// which is not the primary key's order (`aa` before `b`).
+const TIER_NAMESPACES: [&str; 2] = ["b", "aa"];
+
+/// Every key of a tier table, as `completed_keys` must list them.
+fn tier_keys() -> Vec<Key> {
+    let mut keys: Vec<Key> = (1..=ROWS)
+        .map(|g| {
+            let ns = TIER_NAMESPACES[usize::from(g % 2 == 0)];
+            Key::new(ns, format!("key-{g}")).unwrap()
+        })
+        .collect();
+    keys.sort_by_key(Key::encode);
+    keys
+}
+
+/// Pages through every completed key of `store`, checking each page's
+/// order; returns them and how long it took.
+async fn page_through(store: &SqlStore, page: usize) -> (Vec<Key>, Duration) {
+    use idem_core::tier::Tier;
+    let start = Instant::now();
+    let mut all: Vec<Key> = Vec::new();
+    loop {
+        let keys = store.completed_keys(all.last(), page).await.unwrap();
+        if keys.is_empty() {
+            break;
+        }
+        assert!(keys.len() <= page);
+        all.extend(keys);
+    }
+    (all, start.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_tier_statements_walk_the_primary_key() {
+    let url = postgres_url();
+    let Some((store, mut conn)) = unanalysed_postgres("tierplans").await else {
+        return;
+    };
+    let pg = postgres(&store);
+    let table = store.tables().name(0).to_string();
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO \"{table}\" (ns, k, state, token, fp, attempts, started_at, lease_until,
+                                 outcome, completed_at, expires_at)
+         SELECT convert_to(CASE WHEN g % 2 = 0 THEN $2 ELSE $3 END, 'UTF8'),
+                convert_to('key-' || g, 'UTF8'), 2, g * 1024, NULL, 1,
+                0, 0, NULL, 0, 9000000000000
+         FROM generate_series(1, $1) AS g"
+    )))
+    .bind(ROWS)
+    .bind(TIER_NAMESPACES[1])
+    .bind(TIER_NAMESPACES[0])
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+
+    let sql = &pg.sql[0];
+    for (name, statement, params) in [
+        ("import", &sql.import, 8),
+        ("namespaces", &sql.namespaces, 0),
+        ("completed keys", &sql.completed_page, 3),
+    ] {
+        let plan = generic_plan(&mut conn, statement, params).await;
+        eprintln!("PostgreSQL plan of {name}:\n{plan}");
+        assert!(
+            !plan.contains(&format!("Seq Scan on {table} ")),
+            "{name} scans the table:\n{plan}"
+        );
+        let on_key = match name {
+            "import" => format!("Conflict Arbiter Indexes: {table}_pkey"),
+            "namespaces" => format!("Index Only Scan using {table}_pkey"),
+            _ => format!("Index Scan using {table}_pkey"),
+        };
+        assert!(
+            plan.contains(&on_key),
+            "{name} does not use the primary key:\n{plan}"
+        );
+        if name == "completed keys" {
+            assert!(
+                !plan.contains("Sort"),
+                "the page is not read in key order:\n{plan}"
+            );
+        }
+    }
+    drop(conn);
+
+    let (listed, took) = page_through(&store, 10_000).await;
+    eprintln!("PostgreSQL: completed_keys paged through {ROWS} rows in {took:?}");
+    assert!(
+        listed == tier_keys(),
+        "keys out of encoded order or missing"
+    );
+    drop_tables(&store, &url, &table).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_tier_statements_walk_the_primary_key() {
+    let url = mysql_url();
+    let Some((store, mut conn)) = mysql_store("tierplans").await else {
+        return;
+    };
+    let my = mysql(&store);
+    let table = store.tables().name(0).to_string();
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO `{table}` (ns, k, state, token, fp, attempts, started_at, lease_until,
+                               outcome, completed_at, expires_at)
+         SELECT IF(seq % 2 = 0, ?, ?), CONCAT('key-', seq), 2, seq * 1024, NULL, 1,
+                0, 0, NULL, 0, 9000000000000
+         FROM seq_1_to_{ROWS}"
+    )))
+    .bind(TIER_NAMESPACES[1])
+    .bind(TIER_NAMESPACES[0])
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+
+    let rows = sqlx::query(AssertSqlSafe(format!("EXPLAIN {}", my.next_namespace[0])))
+        .bind(TIER_NAMESPACES[1].as_bytes())
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    let namespaces: Vec<PlanRow> = rows.iter().map(PlanRow::of).collect();
+    let rows = sqlx::query(AssertSqlSafe(format!("EXPLAIN {}", my.completed_page[0])))
+        .bind(TIER_NAMESPACES[0].as_bytes())
+        .bind(&b"key-5"[..])
+        .bind(1000_i64)
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    let page: Vec<PlanRow> = rows.iter().map(PlanRow::of).collect();
+    let items: Vec<idem_core::tier::ImportItem> = [row_key(1), row_key(2)]
+        .into_iter()
+        .map(|key| idem_core::tier::ImportItem {
+            key,
+            record: idem_core::Completed {
+                token: FencingToken::new(1),
+                fingerprint: None,
+                outcome: None,
+                completed_at: idem_core::Timestamp::from_millis(1),
+                expires_at: idem_core::Timestamp::from_millis(2),
+            },
+        })
+        .collect();
+    let refs: Vec<&idem_core::tier::ImportItem> = items.iter().collect();
+    let mut q = QueryBuilder::new("EXPLAIN ");
+    my.push_import_read(&mut q, 0, &refs, 1);
+    let read_back = explain(&mut conn, q).await;
+    drop(conn);
+    for (name, plan) in [
+        ("namespaces", &namespaces),
+        ("completed keys", &page),
+        ("import (read back)", &read_back),
+    ] {
+        eprintln!("MariaDB plan of {name}: {plan:?}");
+        let row = plan
+            .iter()
+            .find(|r| r.table.as_deref().is_some_and(|t| t == table || t == "r"))
+            .unwrap_or_else(|| panic!("{name}: no plan row for the table: {plan:?}"));
+        assert!(
+            row.key.as_deref() == Some("PRIMARY")
+                && matches!(row.access.as_str(), "range" | "ref" | "const" | "eq_ref")
+                && !row.extra.contains("filesort"),
+            "{name} does not walk the primary key: {plan:?}"
+        );
+    }
+
+    let (listed, took) = page_through(&store, 10_000).await;
+    eprintln!("MySQL: completed_keys paged through {ROWS} rows in {took:?}");
+    assert!(
+        listed == tier_keys(),
+        "keys out of encoded order or missing"
+    );
+    drop_tables(&store, &url, &table).await;
+}
+
 /// One row of MariaDB's `EXPLAIN`.
 #[derive(Debug)]
 struct PlanRow {
@@ -261,6 +472,7 @@ struct PlanRow {
     access: String,
     key: Option<String>,
     rows: Option<u64>,
+    extra: String,
 }
 
 impl PlanRow {
@@ -272,6 +484,10 @@ impl PlanRow {
                 .unwrap()
                 .unwrap_or_default(),
             key: row.try_get("key").unwrap(),
+            extra: row
+                .try_get::<Option<String>, _>("Extra")
+                .unwrap()
+                .unwrap_or_default(),
             // MariaDB answers the estimate as text.
             rows: row
                 .try_get::<Option<String>, _>("rows")
@@ -299,14 +515,15 @@ async fn explain(
 
 pub(super) async fn drop_tables(store: &SqlStore, url: &str, table: &str) {
     let schema = format!("{}_schema", store.tables().prefix());
+    let tokens = format!("{}_tokens", store.tables().prefix());
     let q = if url.starts_with("postgres") {
         '"'
     } else {
         '`'
     };
-    for name in [table, &schema] {
+    for name in [table, &tokens, &schema] {
         let sql = format!("DROP TABLE IF EXISTS {q}{name}{q}");
-        match &store.inner.db {
+        match &store.records().db {
             Db::Postgres(pg) => sqlx::raw_sql(AssertSqlSafe(sql))
                 .execute(&pg.pool)
                 .await

@@ -21,7 +21,7 @@ async fn mysql_sessions_keep_utc_and_autocommit_whatever_the_url_says() {
     let Some(store) = open("MySQL", &zoned, |b| b.table(&prefix).pool_size(2)).await else {
         return;
     };
-    let Db::MySql(my) = &store.inner.db else {
+    let Db::MySql(my) = &store.records().db else {
         unreachable!("a mysql:// URL opens MySQL")
     };
     let mut conn = my.pool.acquire().await.unwrap();
@@ -105,7 +105,7 @@ async fn postgres_sessions_keep_every_statement_of_every_shard_prepared() {
     store.scan(&query).await.unwrap();
     store.sweep().await.unwrap();
 
-    let Db::Postgres(pg) = &store.inner.db else {
+    let Db::Postgres(pg) = &store.records().db else {
         unreachable!("a postgres:// URL opens PostgreSQL")
     };
     let mut conn = pg.pool.acquire().await.unwrap();
@@ -133,12 +133,11 @@ async fn postgres_sessions_keep_every_statement_of_every_shard_prepared() {
             .await
             .unwrap();
     }
-    let schema = format!(
-        "DROP TABLE IF EXISTS \"{}_schema\"",
-        store.tables().prefix()
-    );
-    sqlx::raw_sql(sqlx::AssertSqlSafe(schema))
-        .execute(&pg.pool)
-        .await
-        .unwrap();
+    for own in ["tokens", "schema"] {
+        let drop = format!("DROP TABLE IF EXISTS \"{}_{own}\"", store.tables().prefix());
+        sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+            .execute(&pg.pool)
+            .await
+            .unwrap();
+    }
 }
