@@ -47,13 +47,64 @@ pub struct StoreArgs {
     /// redis://HOST:PORT or redis+cluster://HOST:PORT,HOST:PORT (rediss://
     /// and rediss+cluster:// for TLS), postgres://USER@HOST:PORT/DB or
     /// mysql://USER@HOST:PORT/DB (with ?shards=N&table=PREFIX&pool_size=N
-    /// &lock_timeout=5s; sslmode=require or ssl-mode=REQUIRED for TLS).
+    /// &lock_timeout=5s; sslmode=require or ssl-mode=REQUIRED for TLS), or
+    /// `tiered`: --hot-store in front of --cold-store.
     // The URL may hold a password: help never shows the environment's value.
     #[arg(long, env = "IDEM_STORE", value_name = "URL", hide_env_values = true)]
     pub store: Option<String>,
     /// How the file store makes completions durable [default: group].
     #[arg(long, env = "IDEM_DURABILITY", value_enum)]
     pub durability: Option<DurabilityArg>,
+    /// With --store tiered: the hot tier, holding every record in progress
+    /// and recent ones: memory:// or a Redis URL [default: memory://].
+    #[arg(
+        long,
+        env = "IDEM_HOT_STORE",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    pub hot_store: Option<String>,
+    /// With --store tiered: the cold tier, holding completed history:
+    /// file://PATH, postgres://… or mysql://… [default: file://./idem-data].
+    #[arg(
+        long,
+        env = "IDEM_COLD_STORE",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    pub cold_store: Option<String>,
+    /// With --store tiered: how long the hot tier keeps a completed record
+    /// (at least 1000); longer retentions also go to the cold tier
+    /// [default: 10800000, 3 h].
+    #[arg(long, env = "IDEM_HOT_RETENTION_MS", value_name = "MS")]
+    pub hot_retention_ms: Option<u64>,
+    /// With --store tiered: answer a completion only once the cold tier has
+    /// it (slower; a crash then loses nothing a memory hot tier held).
+    #[arg(long, env = "IDEM_WRITE_THROUGH")]
+    pub write_through: bool,
+    /// With --store tiered: distinct keys the key filter in front of the
+    /// cold tier is sized for, per --filter-retention-ms (18 MB for 10 M at
+    /// 0.1 % false positives); 0 turns the filter off [default: 10000000].
+    #[arg(long, env = "IDEM_FILTER_ITEMS", value_name = "KEYS")]
+    pub filter_items: Option<u64>,
+    /// With --store tiered: how long the filter keeps a key; also the
+    /// longest retention the tiered store accepts [default: 2592000000, 30 days].
+    #[arg(long, env = "IDEM_FILTER_RETENTION_MS", value_name = "MS")]
+    pub filter_retention_ms: Option<u64>,
+    /// With --store tiered: the filter's secret hash seed, 32 hex digits
+    /// (keep it secret; the same across restarts to reuse a snapshot)
+    /// [default: a random seed at each start].
+    #[arg(
+        long,
+        env = "IDEM_FILTER_SEED",
+        value_name = "HEX",
+        hide_env_values = true
+    )]
+    pub filter_seed: Option<String>,
+    /// With --store tiered: where the filter's snapshot is written (every
+    /// minute and at shutdown) and read at start; needs --filter-seed.
+    #[arg(long, env = "IDEM_FILTER_SNAPSHOT", value_name = "FILE")]
+    pub filter_snapshot: Option<PathBuf>,
     /// PEM certificate authority to trust for a rediss:// store, instead of
     /// the system's roots.
     #[arg(long, env = "IDEM_REDIS_CA_CERT", value_name = "FILE")]
@@ -108,6 +159,14 @@ pub struct FileSettings {
     pub listen: Option<String>,
     pub store: Option<String>,
     pub durability: Option<DurabilityArg>,
+    pub hot_store: Option<String>,
+    pub cold_store: Option<String>,
+    pub hot_retention_ms: Option<u64>,
+    pub write_through: Option<bool>,
+    pub filter_items: Option<u64>,
+    pub filter_retention_ms: Option<u64>,
+    pub filter_seed: Option<String>,
+    pub filter_snapshot: Option<PathBuf>,
     pub redis_ca_cert: Option<PathBuf>,
     pub redis_client_cert: Option<PathBuf>,
     pub redis_client_key: Option<PathBuf>,
@@ -213,10 +272,25 @@ pub struct RedisTls {
     pub client: Option<(PathBuf, PathBuf)>,
 }
 
+/// The tiered store's settings, resolved.
+#[derive(Debug)]
+pub struct TieredSettings {
+    pub hot: String,
+    pub cold: String,
+    pub hot_retention: Duration,
+    pub write_through: bool,
+    /// `None`: no filter.
+    pub filter_items: Option<u64>,
+    pub filter_retention: Duration,
+    pub filter_seed: Option<u128>,
+    pub filter_snapshot: Option<PathBuf>,
+}
+
 /// Store settings, resolved: what `serve`, `proxy` and `consume` share.
 #[derive(Debug)]
 pub struct StoreSettings {
     pub store: String,
+    pub tiered: TieredSettings,
     pub durability: DurabilityArg,
     pub redis_tls: RedisTls,
     pub limits: Limits,
@@ -242,9 +316,81 @@ impl std::ops::Deref for Common {
     }
 }
 
+/// The tiered store's settings: flags and environment, then the file, then
+/// the defaults.
+fn resolve_tiered(args: &StoreArgs, file: &FileSettings) -> Result<TieredSettings, ConfigError> {
+    let hot_retention = Duration::from_millis(
+        args.hot_retention_ms
+            .or(file.hot_retention_ms)
+            .unwrap_or(3 * 3600 * 1000),
+    );
+    if hot_retention < Duration::from_secs(1) {
+        return Err(bad(
+            "hot_retention_ms",
+            "must be at least 1000: records on their way to the cold tier are read back from the hot tier",
+        ));
+    }
+    let filter_retention = Duration::from_millis(
+        args.filter_retention_ms
+            .or(file.filter_retention_ms)
+            .unwrap_or(30 * 24 * 3600 * 1000),
+    );
+    if filter_retention.is_zero() {
+        return Err(bad("filter_retention_ms", "must be at least 1"));
+    }
+    let filter_seed = match args.filter_seed.as_deref().or(file.filter_seed.as_deref()) {
+        None => None,
+        Some(hex) => Some(
+            u128::from_str_radix(hex.trim(), 16)
+                .ok()
+                .filter(|_| hex.trim().len() == 32)
+                .ok_or_else(|| {
+                    bad(
+                        "filter_seed",
+                        "must be 32 hex digits (128 secret bits), e.g. from `openssl rand -hex 16`",
+                    )
+                })?,
+        ),
+    };
+    let filter_snapshot = args
+        .filter_snapshot
+        .clone()
+        .or(file.filter_snapshot.clone());
+    if filter_snapshot.is_some() && filter_seed.is_none() {
+        return Err(bad(
+            "filter_snapshot",
+            "needs a fixed --filter-seed (IDEM_FILTER_SEED): a snapshot is only readable under the seed it was written with",
+        ));
+    }
+    Ok(TieredSettings {
+        hot: args
+            .hot_store
+            .clone()
+            .or(file.hot_store.clone())
+            .unwrap_or_else(|| "memory://".to_owned()),
+        cold: args
+            .cold_store
+            .clone()
+            .or(file.cold_store.clone())
+            .unwrap_or_else(|| "file://./idem-data".to_owned()),
+        hot_retention,
+        write_through: args.write_through || file.write_through.unwrap_or(false),
+        filter_items: Some(
+            args.filter_items
+                .or(file.filter_items)
+                .unwrap_or(10_000_000),
+        )
+        .filter(|&n| n > 0),
+        filter_retention,
+        filter_seed,
+        filter_snapshot,
+    })
+}
+
 /// Resolves the store settings: flags and environment, then the file, then
 /// the defaults.
 pub fn resolve_store(args: StoreArgs, file: &FileSettings) -> Result<StoreSettings, ConfigError> {
+    let tiered = resolve_tiered(&args, file)?;
     let defaults = Limits::default();
     let limits = Limits {
         max_key_bytes: args
@@ -323,6 +469,7 @@ pub fn resolve_store(args: StoreArgs, file: &FileSettings) -> Result<StoreSettin
             .store
             .or(file.store.clone())
             .unwrap_or_else(|| "file://./idem-data".to_owned()),
+        tiered,
         durability: args
             .durability
             .or(file.durability)

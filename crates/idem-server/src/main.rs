@@ -14,6 +14,7 @@ mod consume;
 mod proxy;
 mod serve;
 mod store_url;
+mod tiered;
 #[cfg(feature = "sql")]
 mod upkeep;
 

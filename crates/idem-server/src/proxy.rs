@@ -156,7 +156,7 @@ pub async fn run(args: ProxyArgs) -> Result<(), Failure> {
     {
         tracing::warn!("upstream calls still running after 30 s; their claims will expire");
     }
-    store.close();
+    store.close().await;
     served
 }
 

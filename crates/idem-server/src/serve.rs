@@ -61,7 +61,7 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
     });
     let served = serve_until_signal(app, &common, "serve").await;
     detached.wait().await;
-    store.close();
+    store.close().await;
     tracing::info!("stopped");
     served
 }

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use futures_util::future::BoxFuture;
 use idem_core::{MemoryStore, SharedStore};
 use idem_file::{Durability, FileStore};
 
@@ -13,11 +14,17 @@ pub struct OpenStore {
     pub store: SharedStore,
     pub file: Option<FileStore>,
     pub description: String,
+    /// What else must finish first (a tiered store's write-behind queue and
+    /// key filter snapshot).
+    pub shutdown: Option<BoxFuture<'static, ()>>,
 }
 
 impl OpenStore {
     /// Makes everything durable before the process exits.
-    pub fn close(self) {
+    pub async fn close(self) {
+        if let Some(shutdown) = self.shutdown {
+            shutdown.await;
+        }
         if let Some(file) = self.file
             && let Err(e) = file.flush()
         {
@@ -44,23 +51,16 @@ pub async fn open(common: &StoreSettings) -> Result<OpenStore, Failure> {
         )
         .into());
     }
+    if url == "tiered" || url == "tiered://" {
+        return crate::tiered::open(common).await;
+    }
     if let Some(path) = url.strip_prefix("file://") {
-        if path.is_empty() {
-            return Err(bad("store", "file:// needs a path, e.g. file://./idem-data").into());
-        }
-        let store = FileStore::builder(path)
-            .durability(match common.durability {
-                DurabilityArg::Group => Durability::GroupCommit,
-                DurabilityArg::Immediate => Durability::Immediate,
-                DurabilityArg::Buffered => Durability::Buffered,
-            })
-            .limits(common.limits.clone())
-            .open()
-            .map_err(|e| Failure::Run(e.to_string()))?;
+        let store = open_file(path, common)?;
         return Ok(OpenStore {
             store: Arc::new(store.clone()),
             file: Some(store),
             description: format!("file store in {path}"),
+            shutdown: None,
         });
     }
     if url == "memory://" || url == "memory:" {
@@ -68,6 +68,7 @@ pub async fn open(common: &StoreSettings) -> Result<OpenStore, Failure> {
             store: Arc::new(MemoryStore::builder().limits(common.limits.clone()).build()),
             file: None,
             description: "memory store (records are lost when the process ends)".into(),
+            shutdown: None,
         });
     }
     #[cfg(feature = "redis")]
@@ -81,22 +82,56 @@ pub async fn open(common: &StoreSettings) -> Result<OpenStore, Failure> {
             description: store.description().to_owned(),
             store: Arc::new(store),
             file: None,
+            shutdown: None,
         });
     }
     let scheme = url.split_once("://").map_or(url, |(s, _)| s);
     Err(bad(
         "store",
         format!(
-            "{scheme:?} stores are not supported by this build; use file://PATH, memory://, redis://HOST:PORT or redis+cluster://HOST:PORT,HOST:PORT (rediss:// and rediss+cluster:// for TLS), postgres://USER@HOST:PORT/DB or mysql://USER@HOST:PORT/DB"
+            "{scheme:?} stores are not supported by this build; use file://PATH, memory://, redis://HOST:PORT or redis+cluster://HOST:PORT,HOST:PORT (rediss:// and rediss+cluster:// for TLS), postgres://USER@HOST:PORT/DB, mysql://USER@HOST:PORT/DB, or tiered (with --hot-store and --cold-store)"
         ),
     )
     .into())
+}
+
+/// A file store in `path`.
+pub fn open_file(path: &str, common: &StoreSettings) -> Result<FileStore, Failure> {
+    if path.is_empty() {
+        return Err(bad("store", "file:// needs a path, e.g. file://./idem-data").into());
+    }
+    FileStore::builder(path)
+        .durability(match common.durability {
+            DurabilityArg::Group => Durability::GroupCommit,
+            DurabilityArg::Immediate => Durability::Immediate,
+            DurabilityArg::Buffered => Durability::Buffered,
+        })
+        .limits(common.limits.clone())
+        .open()
+        .map_err(|e| Failure::Run(e.to_string()))
 }
 
 /// A Redis store, for `redis://`, `rediss://`, `redis+cluster://` and
 /// `rediss+cluster://` URLs; `None` for other schemes.
 #[cfg(feature = "redis")]
 async fn open_redis(url: &str, common: &StoreSettings) -> Result<Option<OpenStore>, Failure> {
+    Ok(connect_redis(url, common)
+        .await?
+        .map(|(store, description)| OpenStore {
+            store: Arc::new(store),
+            file: None,
+            description,
+            shutdown: None,
+        }))
+}
+
+/// A connected Redis store and its description (credentials hidden), for
+/// Redis URLs; `None` for other schemes.
+#[cfg(feature = "redis")]
+pub async fn connect_redis(
+    url: &str,
+    common: &StoreSettings,
+) -> Result<Option<(idem_redis::RedisStore, String)>, Failure> {
     use idem_redis::{RedisStore, redacted};
 
     let (builder, description) = if let Some((scheme, nodes)) = url
@@ -137,11 +172,7 @@ async fn open_redis(url: &str, common: &StoreSettings) -> Result<Option<OpenStor
             "{e}; check that Redis is running there and that the address, credentials and certificates given in --store (IDEM_STORE) and --redis-* are right"
         ))
     })?;
-    Ok(Some(OpenStore {
-        store: Arc::new(store),
-        file: None,
-        description,
-    }))
+    Ok(Some((store, description)))
 }
 
 /// The contents of the file a setting names.

@@ -326,7 +326,7 @@ pub async fn run(args: ConsumeArgs) -> Result<(), Failure> {
         store: store.description.clone(),
     };
     let report = sources::run(&settings.from, job).await;
-    store.close();
+    store.close().await;
     let report = report?;
     tracing::info!(?report, "stopped");
     Ok(())

@@ -1,0 +1,264 @@
+//! `--store tiered`: a hot tier in front of a cold one, with a key filter
+//! in front of the cold tier (docs/high-volume.md).
+
+use std::hash::{BuildHasher, Hasher};
+use std::io::{IsTerminal, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+use futures_util::{FutureExt, StreamExt};
+use idem_core::tier::Tier;
+use idem_core::{Key, MemoryStore, SharedClock, StoreError, SystemClock};
+use idem_file::FileStore;
+use idem_tiered::TieredStore;
+use idem_tiered::filter::{FilterConfig, FilterSeed, KeyFilter, maintain};
+
+use crate::Failure;
+use crate::config::{StoreSettings, TieredSettings, bad};
+use crate::store_url::{self, OpenStore};
+
+/// Keys asked of the cold tier at a time while the filter is rebuilt.
+const REBUILD_PAGE: usize = 10_000;
+
+/// Opens `--hot-store` in front of `--cold-store`.
+pub async fn open(common: &StoreSettings) -> Result<OpenStore, Failure> {
+    let t = &common.tiered;
+    if t.hot.starts_with("memory:") {
+        let hot = MemoryStore::builder().limits(common.limits.clone()).build();
+        return with_cold(hot, "memory".into(), common).await;
+    }
+    #[cfg(feature = "redis")]
+    if let Some((hot, description)) = store_url::connect_redis(&t.hot, common).await? {
+        return with_cold(hot, description, common).await;
+    }
+    Err(bad(
+        "hot_store",
+        format!(
+            "{:?} cannot be a hot tier; use memory:// or a Redis URL (redis://HOST:PORT, redis+cluster://HOST:PORT,…)",
+            scheme(&t.hot)
+        ),
+    )
+    .into())
+}
+
+async fn with_cold<H: Tier + Clone>(
+    hot: H,
+    hot_description: String,
+    common: &StoreSettings,
+) -> Result<OpenStore, Failure> {
+    let t = &common.tiered;
+    if let Some(path) = t.cold.strip_prefix("file://") {
+        let cold = store_url::open_file(path, common)?;
+        return assemble(
+            hot,
+            cold.clone(),
+            &hot_description,
+            &format!("file store in {path}"),
+            Some(cold),
+            t,
+        )
+        .await;
+    }
+    #[cfg(feature = "sql")]
+    if store_url::is_sql(&t.cold) {
+        let cold = store_url::open_sql(&t.cold, common, |b| b).await?;
+        let description = cold.description().to_owned();
+        return assemble(hot, cold, &hot_description, &description, None, t).await;
+    }
+    Err(bad(
+        "cold_store",
+        format!(
+            "{:?} cannot be a cold tier; use file://PATH, postgres://USER@HOST:PORT/DB or mysql://USER@HOST:PORT/DB",
+            scheme(&t.cold)
+        ),
+    )
+    .into())
+}
+
+async fn assemble<H: Tier + Clone, C: Tier + Clone>(
+    hot: H,
+    cold: C,
+    hot_description: &str,
+    cold_description: &str,
+    file: Option<FileStore>,
+    t: &TieredSettings,
+) -> Result<OpenStore, Failure> {
+    let clock: SharedClock = Arc::new(SystemClock);
+    let filter = match t.filter_items {
+        Some(items) => Some(Arc::new(filter(items, t, clock.now())?)),
+        None => None,
+    };
+    let mut builder = TieredStore::builder(hot, cold.clone())
+        .hot_retention(t.hot_retention)
+        .write_through(t.write_through);
+    if let Some(f) = &filter {
+        builder = builder.filter(f.clone());
+    }
+    let store = builder.open().await.map_err(|e| {
+        Failure::Run(format!(
+            "opening the tiered store failed: {e}; check that both --hot-store and --cold-store are reachable"
+        ))
+    })?;
+    let upkeep = filter.map(|f| upkeep(f, cold, t, clock));
+    let flushed = store.clone();
+    let shutdown = async move {
+        // Completions first, so the last snapshot holds their keys.
+        flushed.flush().await;
+        if let Some(stop) = upkeep {
+            stop.await;
+        }
+        if let Some(file) = file
+            && let Err(e) = file.flush()
+        {
+            tracing::error!(error = %e, "flushing the cold tier at shutdown failed");
+        }
+    };
+    Ok(OpenStore {
+        description: format!(
+            "tiered store: {hot_description} in front of {cold_description}, hot retention {} s, key filter {}",
+            t.hot_retention.as_secs(),
+            t.filter_items
+                .map_or("off".to_owned(), |n| format!("for {n} keys")),
+        ),
+        store: Arc::new(store),
+        file: None,
+        shutdown: Some(shutdown.boxed()),
+    })
+}
+
+/// The filter: from its snapshot when there is a good one, else empty.
+fn filter(items: u64, t: &TieredSettings, now: idem_core::Timestamp) -> Result<KeyFilter, Failure> {
+    let seed = FilterSeed::new(t.filter_seed.unwrap_or_else(random_seed));
+    let config = FilterConfig::new(seed, items, t.filter_retention);
+    if let Some(path) = &t.filter_snapshot
+        && path.exists()
+    {
+        match KeyFilter::load_snapshot(path, &config, now) {
+            Ok(filter) => return Ok(filter),
+            Err(e) => {
+                tracing::warn!(error = %e, path = %path.display(), "the key filter's snapshot cannot be used; rebuilding from the cold tier")
+            }
+        }
+    }
+    KeyFilter::new(&config, now).map_err(|e| bad("filter_items", e.to_string()).into())
+}
+
+/// 128 bits from the operating system's randomness, by way of the standard
+/// library's randomly keyed hasher.
+fn random_seed() -> u128 {
+    let half = || {
+        std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish()
+    };
+    (u128::from(half()) << 64) | u128::from(half())
+}
+
+/// Starts the filter's rebuild from the cold tier and its upkeep (rotation,
+/// snapshots); the future it returns stops the upkeep, after a last
+/// snapshot.
+fn upkeep<C: Tier + Clone>(
+    filter: Arc<KeyFilter>,
+    cold: C,
+    t: &TieredSettings,
+    clock: SharedClock,
+) -> BoxFuture<'static, ()> {
+    tokio::spawn(rebuild(filter.clone(), cold));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stopped = async {
+        let _ = stopped.await;
+    };
+    let every = (filter.sizing().window / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    let task = match t.filter_snapshot.clone() {
+        Some(path) => tokio::spawn(async move {
+            if let Err(e) = maintain(filter, path, every, clock, stopped).await {
+                tracing::error!(error = %e, "the key filter's last snapshot failed; the next start rebuilds it from the cold tier");
+            }
+        }),
+        None => tokio::spawn(async move {
+            let mut stopped = std::pin::pin!(stopped);
+            let mut ticks = tokio::time::interval(every);
+            loop {
+                tokio::select! {
+                    () = &mut stopped => break,
+                    _ = ticks.tick() => { filter.rotate(clock.now()); }
+                }
+            }
+        }),
+    };
+    async move {
+        let _ = stop.send(());
+        let _ = task.await;
+    }
+    .boxed()
+}
+
+/// Feeds the filter every completed key of the cold tier; until it is done
+/// the filter answers "maybe" and every new key is checked in the cold
+/// tier. Progress goes to stderr: a counter on a terminal, log lines
+/// otherwise.
+async fn rebuild<C: Tier + Clone>(filter: Arc<KeyFilter>, cold: C) {
+    // Pages of keys, each after the last key of the one before.
+    let pages = futures_util::stream::unfold(Some(None::<Key>), move |after| {
+        let cold = cold.clone();
+        async move {
+            let after = after?;
+            match cold.completed_keys(after.as_ref(), REBUILD_PAGE).await {
+                Ok(page) if page.is_empty() => None,
+                Ok(page) => {
+                    let next = page.last().cloned();
+                    Some((Ok::<_, StoreError>(page), Some(next)))
+                }
+                Err(e) => Some((Err(e), None)),
+            }
+        }
+    });
+    let keys = pages
+        .map(|page| match page {
+            Ok(keys) => futures_util::stream::iter(keys.into_iter().map(Ok)).left_stream(),
+            Err(e) => futures_util::stream::once(async { Err(e) }).right_stream(),
+        })
+        .flatten();
+    let started = Instant::now();
+    let terminal = std::io::stderr().is_terminal();
+    let mut last_line = Instant::now();
+    let fed = filter
+        .rebuild_from_stream(keys, None, |done, _| {
+            if terminal || last_line.elapsed() >= Duration::from_secs(10) {
+                progress(done, started, terminal);
+                last_line = Instant::now();
+            }
+        })
+        .await;
+    if terminal {
+        eprintln!();
+    }
+    match fed {
+        Ok(n) => tracing::info!(
+            keys = n,
+            seconds = started.elapsed().as_secs_f64(),
+            "key filter rebuilt from the cold tier"
+        ),
+        Err(e) => {
+            tracing::error!(error = %e, "rebuilding the key filter failed; it keeps answering \"maybe\", so every new key is checked in the cold tier; restart to retry")
+        }
+    }
+}
+
+fn progress(done: u64, started: Instant, terminal: bool) {
+    let rate = done as f64 / started.elapsed().as_secs_f64().max(0.001);
+    let line =
+        format!("rebuilding the key filter from the cold tier: {done} keys, {rate:.0} keys/s");
+    if terminal {
+        let mut err = std::io::stderr();
+        let _ = write!(err, "\r{line}");
+        let _ = err.flush();
+    } else {
+        tracing::info!("{line}");
+    }
+}
+
+fn scheme(url: &str) -> &str {
+    url.split_once("://").map_or(url, |(s, _)| s)
+}
