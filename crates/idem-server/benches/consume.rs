@@ -10,7 +10,9 @@
 //! Each side gets its own queue, stream or topic with the same pre-published
 //! messages. `cargo bench -p idem-server --bench consume`
 //! (IDEM_BENCH_MESSAGES, default 20 000; IDEM_BENCH_BROKERS=amqp,nats,
-//! redis-streams,kafka,rocketmq to run some; the IDEM_TEST_*_URL variables).
+//! redis-streams,kafka,rocketmq to run some; IDEM_BENCH_BIN, the path of
+//! another build of `idem` to run as the sidecar, e.g. to compare two
+//! versions against the same bare rate; the IDEM_TEST_*_URL variables).
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -74,7 +76,8 @@ async fn sidecar(from: &str, store: &str, n: usize) -> f64 {
         }),
     );
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+    let bin = std::env::var("IDEM_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_idem").into());
+    let mut child = tokio::process::Command::new(bin)
         .args(["consume", "--from", from, "--to", &to, "--store", store])
         .args(["--concurrency", &CONCURRENCY.to_string(), "--log", "warn"])
         .env_remove("IDEM_CONFIG")

@@ -154,6 +154,7 @@ async fn migrate_and_sweep_do_their_upkeep_and_say_so() {
             format!("{prefix}_00"),
             format!("{prefix}_01"),
             format!("{prefix}_schema"),
+            format!("{prefix}_tokens"),
         ];
         drop_tables(&url, tables.iter().map(|t| drop(t)).collect()).await;
     }
@@ -197,7 +198,11 @@ async fn upkeep_output_and_help_never_show_the_store_password() {
     let (_, out, err) = run(&["sweep", "--help"], &[("IDEM_STORE", &store)]);
     assert!(out.contains("IDEM_STORE"), "{out}");
     assert!(!out.contains("hunter") && !err.contains("hunter"), "{out}");
-    let tables = [prefix.clone(), format!("{prefix}_schema")];
+    let tables = [
+        prefix.clone(),
+        format!("{prefix}_schema"),
+        format!("{prefix}_tokens"),
+    ];
     drop_tables(
         &url,
         tables

@@ -43,6 +43,10 @@ pub use idem_redis::{ConnectError, Lock, LockGuard, RedisStore, RedisStoreBuilde
 #[cfg(feature = "sql")]
 pub use idem_sql as sql;
 
+/// The key filter and the tiered store (`idem-tiered`).
+#[cfg(feature = "tiered")]
+pub use idem_tiered as tiered;
+
 /// The consumer runner: takes messages from a broker and runs the handler
 /// once per key under the guard.
 #[cfg(feature = "consumer")]
