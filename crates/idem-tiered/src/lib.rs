@@ -6,4 +6,6 @@
 pub mod filter;
 mod tiered;
 
-pub use tiered::{DEFAULT_HOT_RETENTION, MIN_HOT_RETENTION, TieredStore, TieredStoreBuilder, WriteBehindStats};
+pub use tiered::{
+    DEFAULT_HOT_RETENTION, MIN_HOT_RETENTION, TieredStore, TieredStoreBuilder, WriteBehindStats,
+};
