@@ -25,11 +25,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idem_core::{
-    Begin, BeginItem, CompleteItem, Key, Lease, MemoryStore, Namespace, SharedStore, Store,
+    Begin, BeginItem, Clock, CompleteItem, Key, Lease, MemoryStore, Namespace, SharedStore, Store,
+    SystemClock,
 };
 use idem_file::FileStore;
 use idem_redis::RedisStore;
 use idem_sql::SqlStore;
+use idem_tiered::TieredStore;
+use idem_tiered::filter::{FilterConfig, FilterSeed, KeyFilter};
 
 const TASKS: usize = 64;
 const BATCH: usize = 256;
@@ -353,6 +356,31 @@ async fn rows(w: &Workload, wanted: impl Fn(&str) -> bool) {
         });
     }
 
+    // A memory hot tier over the file store, a ready key filter, and a hot
+    // retention shorter than the records': every completion also goes to
+    // the cold tier by write-behind, whose imports share the two cores with
+    // the row (the queue is flushed after the row's clock stops).
+    for (name, many) in [
+        ("idem tiered store (memory over file)", false),
+        ("idem tiered store (memory over file), batched 256", true),
+    ] {
+        if !wanted(name) {
+            continue;
+        }
+        emit(match tiered(&w.run).await {
+            Ok((store, _dir)) => {
+                let row = if many {
+                    batched(name, store.clone(), w).await
+                } else {
+                    one_by_one(name, store.clone(), w).await
+                };
+                store.flush().await;
+                row
+            }
+            Err(e) => Row::failed(name, e),
+        });
+    }
+
     let redis = env("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
     let mut servers = vec![(redis, "")];
     if let Ok(url) = std::env::var("IDEM_SBS_DURABLE_REDIS_URL") {
@@ -399,6 +427,32 @@ async fn rows(w: &Workload, wanted: impl Fn(&str) -> bool) {
             },
         );
     }
+}
+
+/// A tiered store for the rows above, and the directory its cold tier lives
+/// in (removed when dropped).
+async fn tiered(
+    run: &str,
+) -> Result<(TieredStore<MemoryStore, FileStore>, tempfile::TempDir), String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let cold = FileStore::open(dir.path()).map_err(|e| e.to_string())?;
+    let seed = FilterSeed::new(u128::from(run.len() as u64) ^ 0x5eed);
+    let config = FilterConfig::new(seed, 10_000_000, Duration::from_secs(24 * 3600));
+    let filter = KeyFilter::new(&config, SystemClock.now()).map_err(|e| e.to_string())?;
+    filter
+        .rebuild(
+            std::iter::empty::<Result<idem_core::Key, std::io::Error>>(),
+            Some(0),
+            |_, _| {},
+        )
+        .map_err(|e| e.to_string())?;
+    let store = TieredStore::builder(MemoryStore::new(), cold)
+        .hot_retention(Duration::from_secs(60))
+        .filter(Arc::new(filter))
+        .open()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((store, dir))
 }
 
 fn main() {
