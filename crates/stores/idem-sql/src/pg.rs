@@ -83,10 +83,16 @@ impl TableSql {
             // writes back what it holds, so it answers `Ok` and changes
             // nothing; `UPDATE` re-reads a row another statement just
             // changed, so that retry sees a completion still committing.
+            // `LIMIT $6` (the number of items, so it drops none) makes the
+            // planner expect a row or so from the arrays rather than ten:
+            // planned on a table just created, which it takes for ten
+            // pages, ten items made one pass over the table cheaper than
+            // ten probes of the primary key, and the session kept that
+            // plan, a sequential scan per call, as the table grew.
             complete: format!(
                 "WITH {NOW},
                 i AS (SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::bytea[], $5::int8[])
-                      WITH ORDINALITY AS u(ns, k, token, outcome, retention, n))
+                      WITH ORDINALITY AS u(ns, k, token, outcome, retention, n) LIMIT $6)
                 UPDATE {t} AS r SET
                   outcome = CASE WHEN r.state = 1 THEN i.outcome ELSE r.outcome END,
                   completed_at = CASE WHEN r.state = 1 THEN c.now ELSE r.completed_at END,
@@ -129,12 +135,19 @@ impl TableSql {
             // still expired (a row changed since the snapshot is checked
             // again as it is locked), then deletes exactly those by their
             // physical address: no second pass over the expired rows, which
-            // made each batch cost as much as the whole backlog.
+            // made each batch cost as much as the whole backlog. The
+            // addresses are probed one by one: `LIMIT $1` (the batch, so it
+            // drops none) has the planner expect about one, where it
+            // expected ten for `ctid = ANY(…)` and, on a table just created
+            // (ten pages to it), chose to read the whole table instead, a
+            // plan the session then kept as the table grew.
             sweep: format!(
                 "WITH {NOW}
-                DELETE FROM {t} WHERE ctid = ANY(ARRAY(
+                DELETE FROM {t} USING (SELECT tid FROM unnest(ARRAY(
                   SELECT r.ctid FROM {t} r WHERE r.expires_at <= (SELECT now FROM c)
-                  ORDER BY r.expires_at LIMIT $1 FOR UPDATE OF r SKIP LOCKED))"
+                  ORDER BY r.expires_at LIMIT $1 FOR UPDATE OF r SKIP LOCKED)) AS d(tid)
+                  LIMIT $1) AS d
+                WHERE {t}.ctid = d.tid"
             ),
             // Writes each record unless the key holds a live completed
             // one, and raises the table's high-water mark to the largest
@@ -303,6 +316,7 @@ impl Postgres {
             .bind(tokens)
             .bind(outcomes)
             .bind(retentions)
+            .bind(items.len() as i64)
             .fetch_all(&self.pool)
             .await
             .map_err(crate::error::store)?;

@@ -2,7 +2,9 @@
 //! a table of 100 000 rows that was filled but never analysed: no plan
 //! scans the table, and a renewal takes milliseconds. The tier's
 //! statements walk the primary key too, and `completed_keys` pages through
-//! such a table in encoded-key order.
+//! such a table in encoded-key order. On PostgreSQL a session keeps the
+//! plan it made on the table as it was then: statements planned on a table
+//! just created stay off sequential scans as it fills.
 
 use std::time::{Duration, Instant};
 
@@ -108,6 +110,19 @@ async fn generic_plan(conn: &mut PgConnection, statement: &str, params: usize) -
     plan.join("\n")
 }
 
+/// The record statements of a table: name, text and number of parameters.
+fn record_statements(sql: &crate::pg::TableSql) -> [(&'static str, &String, usize); 7] {
+    [
+        ("begin", &sql.begin, 5),
+        ("complete", &sql.complete, 6),
+        ("release", &sql.release, 4),
+        ("extend", &sql.extend, 5),
+        ("get", &sql.get, 2),
+        ("scan", &sql.scan, 5),
+        ("sweep", &sql.sweep, 1),
+    ]
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_single_key_statements_stay_on_the_primary_key_before_analyze() {
     let url = postgres_url();
@@ -144,17 +159,7 @@ async fn postgres_single_key_statements_stay_on_the_primary_key_before_analyze()
         "the store's sessions plan each statement once, from its text"
     );
 
-    let sql = &pg.sql[0];
-    let statements = [
-        ("begin", &sql.begin, 5),
-        ("complete", &sql.complete, 5),
-        ("release", &sql.release, 4),
-        ("extend", &sql.extend, 5),
-        ("get", &sql.get, 2),
-        ("scan", &sql.scan, 5),
-        ("sweep", &sql.sweep, 1),
-    ];
-    for (name, statement, params) in statements {
+    for (name, statement, params) in record_statements(&pg.sql[0]) {
         let plan = generic_plan(&mut conn, statement, params).await;
         assert!(
             !plan.contains(&format!("Seq Scan on {table}")),
@@ -535,4 +540,284 @@ pub(super) async fn drop_tables(store: &SqlStore, url: &str, table: &str) {
         }
         .unwrap();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_statements_planned_on_an_empty_table_stay_on_the_primary_key() {
+    let url = postgres_url();
+    let Some((store, mut conn)) = unanalysed_postgres("emptyplans").await else {
+        return;
+    };
+    let pg = postgres(&store);
+    let table = store.tables().name(0).to_string();
+    // A session plans a statement once, on the table as it is then: for a
+    // store's first statements that is an empty table, which the planner
+    // takes for ten pages whatever is inserted later.
+    let sql = &pg.sql[0];
+    let tier = [
+        ("import", &sql.import, 8),
+        ("namespaces", &sql.namespaces, 0),
+        ("completed keys", &sql.completed_page, 3),
+    ];
+    for (name, statement, params) in record_statements(sql).into_iter().chain(tier) {
+        let plan = generic_plan(&mut conn, statement, params).await;
+        assert!(
+            !plan.contains(&format!("Seq Scan on {table} ")),
+            "{name} scans the new table:\n{plan}"
+        );
+        let on_key = match name {
+            "sweep" => format!("{table}_expires"),
+            "import" => format!("Conflict Arbiter Indexes: {table}_pkey"),
+            _ => format!("{table}_pkey"),
+        };
+        assert!(
+            plan.contains(&on_key),
+            "{name} does not find its rows through the index:\n{plan}"
+        );
+    }
+    drop(conn);
+    drop_tables(&store, &url, &table).await;
+}
+
+/// The table's sequential and index scans so far, as the server's
+/// statistics count them.
+async fn table_scans(conn: &mut PgConnection, table: &str) -> (i64, i64) {
+    sqlx::raw_sql("SELECT pg_stat_clear_snapshot()")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query_as(
+        "SELECT coalesce(seq_scan, 0), coalesce(idx_scan, 0) FROM pg_stat_user_tables
+         WHERE relid = to_regclass(quote_ident($1))",
+    )
+    .bind(table)
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+}
+
+/// Every operation of the store once, on keys of its own (`task`, `round`).
+async fn every_operation(store: &SqlStore, task: usize, round: usize) {
+    use idem_core::tier::{ImportItem, Tier};
+    let key = |what: &str| Key::new("ops", format!("{what}-{task}-{round}")).unwrap();
+    let lease = Lease::from_secs(30);
+    let retention = Duration::from_secs(60);
+    let Begin::Acquired(claim) = store.begin(&key("e"), None, lease).await.unwrap() else {
+        panic!("a fresh key is acquired")
+    };
+    assert!(
+        !store
+            .extend(&key("e"), claim.token, lease)
+            .await
+            .unwrap()
+            .is_stale()
+    );
+    assert!(
+        !store
+            .release(&key("e"), claim.token)
+            .await
+            .unwrap()
+            .is_stale()
+    );
+    let items: Vec<BeginItem> = ["m1", "m2"]
+        .map(|w| BeginItem {
+            key: key(w),
+            fingerprint: None,
+            lease,
+        })
+        .into();
+    let begun = store.begin_many(&items).await.unwrap();
+    let done: Vec<CompleteItem> = begun
+        .iter()
+        .zip(&items)
+        .map(|(b, item)| {
+            let Begin::Acquired(claim) = b else {
+                panic!("fresh keys are acquired")
+            };
+            CompleteItem {
+                key: item.key.clone(),
+                token: claim.token,
+                outcome: None,
+                retention,
+            }
+        })
+        .collect();
+    let completed = store.complete_many(&done).await.unwrap();
+    assert!(completed.iter().all(|c| !c.is_stale()));
+    assert!(store.get(&key("m1")).await.unwrap().is_some());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let imported = store
+        .import_many(&[ImportItem {
+            key: key("i"),
+            record: idem_core::Completed {
+                token: FencingToken::new(1),
+                fingerprint: None,
+                outcome: None,
+                completed_at: idem_core::Timestamp::from_millis(now),
+                expires_at: idem_core::Timestamp::from_millis(now + 60_000),
+            },
+        }])
+        .await
+        .unwrap();
+    assert_eq!(imported.len(), 1);
+    store.token_high_water().await.unwrap();
+    store.completed_keys(Some(&key("i")), 10).await.unwrap();
+    store.sweep().await.unwrap();
+}
+
+/// `begin` then `complete` on fresh keys (of `round`) from `tasks` tasks;
+/// cycles a second.
+async fn cycles(store: &SqlStore, round: usize, tasks: usize, per_task: usize) -> f64 {
+    let start = Instant::now();
+    let runs: Vec<_> = (0..tasks)
+        .map(|t| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for i in 0..per_task {
+                    let key = Key::new("cycles", format!("{round}-{t}-{i}")).unwrap();
+                    let Begin::Acquired(claim) =
+                        store.begin(&key, None, Lease::from_secs(30)).await.unwrap()
+                    else {
+                        panic!("a fresh key is acquired")
+                    };
+                    let done = store
+                        .complete(&key, claim.token, None, Duration::from_secs(60))
+                        .await
+                        .unwrap();
+                    assert!(!done.is_stale());
+                }
+            })
+        })
+        .collect();
+    for run in runs {
+        run.await.unwrap();
+    }
+    (tasks * per_task) as f64 / start.elapsed().as_secs_f64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_store_on_a_new_table_never_scans_it() {
+    use sqlx::Connection as _;
+    const TASKS: usize = 64;
+    let url = postgres_url();
+    let Some((store, conn)) = unanalysed_postgres("newtable").await else {
+        return;
+    };
+    drop(conn);
+    let table = store.tables().name(0).to_string();
+    let prefix = store.tables().prefix().to_string();
+    let mut own = PgConnection::connect(&url).await.unwrap();
+
+    // The store's sessions plan their statements on the empty table.
+    let warm: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let store = store.clone();
+            tokio::spawn(async move { every_operation(&store, t, 0).await })
+        })
+        .collect();
+    for w in warm {
+        w.await.unwrap();
+    }
+    let first = cycles(&store, 0, TASKS, 2).await;
+    eprintln!("PostgreSQL: {first:.0} begin+complete cycles/s, {TASKS} tasks, empty table");
+
+    // Then the table fills, and nothing analyses it.
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO \"{table}\" (ns, k, state, token, fp, attempts, started_at, lease_until,
+                                 outcome, completed_at, expires_at)
+         SELECT convert_to('filled', 'UTF8'), convert_to('key-' || g, 'UTF8'), 2, g * 1024, NULL,
+                1, 0, 0, NULL, 0, 9000000000000
+         FROM generate_series(1, $1) AS g"
+    )))
+    .bind(ROWS)
+    .execute(&mut own)
+    .await
+    .unwrap();
+    let rate = cycles(&store, 1, TASKS, 100).await;
+    eprintln!(
+        "PostgreSQL: {rate:.0} begin+complete cycles/s, {TASKS} tasks, new table of {ROWS} rows"
+    );
+    let after: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let store = store.clone();
+            tokio::spawn(async move { every_operation(&store, t, 1).await })
+        })
+        .collect();
+    for a in after {
+        a.await.unwrap();
+    }
+
+    // A session's counts reach the statistics when it ends, at the latest.
+    let pool = &postgres(&store).pool;
+    let mut held = Vec::new();
+    let mut pids: Vec<i32> = Vec::new();
+    for _ in 0..pool.size() {
+        let mut c = pool.acquire().await.unwrap();
+        pids.push(
+            sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(&mut *c)
+                .await
+                .unwrap(),
+        );
+        held.push(c);
+    }
+    drop(held);
+    pool.close().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)")
+                .bind(&pids)
+                .fetch_one(&mut own)
+                .await
+                .unwrap();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the store's sessions did not end"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (seq, idx) = table_scans(&mut own, &table).await;
+    // Building an index reads the table once, and counts as a scan.
+    let built: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_index WHERE indrelid = to_regclass(quote_ident($1))",
+    )
+    .bind(&table)
+    .fetch_one(&mut own)
+    .await
+    .unwrap();
+    let analysed: bool = sqlx::query_scalar(
+        "SELECT reltuples >= 0 FROM pg_class WHERE oid = to_regclass(quote_ident($1))",
+    )
+    .bind(&table)
+    .fetch_one(&mut own)
+    .await
+    .unwrap();
+    for name in [
+        table.clone(),
+        format!("{prefix}_tokens"),
+        format!("{prefix}_schema"),
+    ] {
+        sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE IF EXISTS \"{name}\"")))
+            .execute(&mut own)
+            .await
+            .unwrap();
+    }
+    assert!(!analysed, "the table must not have been analysed");
+    assert!(
+        idx > 2 * (TASKS * 100) as i64,
+        "only {idx} index scans counted"
+    );
+    assert_eq!(
+        seq - built,
+        0,
+        "besides building its indexes, the store scanned the table {} times",
+        seq - built
+    );
 }
