@@ -414,10 +414,10 @@ impl Inner {
             None => Current::Absent,
             Some(s) if s.completed && s.deadline <= now => Current::Absent,
             Some(s) if s.completed => Current::Completed {
-                fingerprint: s.fingerprint,
+                fingerprint: s.fingerprint(),
             },
             Some(s) => Current::InProgress {
-                fingerprint: s.fingerprint,
+                fingerprint: s.fingerprint(),
                 lease_expires_at: s.deadline,
                 attempts: s.attempts(),
             },
@@ -432,25 +432,27 @@ impl Inner {
                 match found {
                     Some(i) => {
                         let slot = shard.slot_mut(i);
-                        slot.outcome = None;
+                        slot.restart(fingerprint);
                         slot.token = token;
                         slot.deadline = lease_expires_at;
                         slot.since = now;
                         slot.set_attempts(attempt);
-                        slot.fingerprint = fingerprint;
                         slot.completed = false;
                         self.note_death(shard, i);
                     }
                     None => {
-                        shard.insert(Slot::in_progress(
-                            key,
-                            hash,
-                            token,
-                            lease_expires_at,
-                            now,
-                            attempt,
-                            fingerprint,
-                        ));
+                        shard.insert(
+                            key.namespace(),
+                            Slot::in_progress(
+                                key,
+                                hash,
+                                token,
+                                lease_expires_at,
+                                now,
+                                attempt,
+                                fingerprint,
+                            ),
+                        );
                         let last = shard.len() - 1;
                         self.note_death(shard, last);
                     }
@@ -466,7 +468,7 @@ impl Inner {
             Decision::Replay => {
                 let slot = shard.slot(found.expect("a completed record was found"));
                 Ok(Begin::Completed {
-                    outcome: slot.outcome.as_deref().map(Bytes::copy_from_slice),
+                    outcome: slot.outcome().map(Bytes::copy_from_slice),
                     completed_at: slot.since,
                 })
             }
@@ -523,7 +525,7 @@ impl Inner {
         }
         let slot = shard.slot_mut(i);
         slot.completed = true;
-        slot.outcome = outcome.map(|b| Box::from(&b[..]));
+        slot.set_outcome(outcome.as_deref());
         slot.since = now;
         slot.deadline = now.after(retention);
         self.note_death(&mut shard, i);
@@ -567,24 +569,22 @@ impl Inner {
     }
 
     fn scan(&self, query: &ScanQuery) -> Result<Vec<Entry>, StoreError> {
-        let prefix = Key::encode_namespace(&query.namespace);
-        let after = query.after.as_ref().map(|a| {
-            let mut k = prefix.clone();
-            k.extend_from_slice(a);
-            k
-        });
+        let after = query.after.as_deref();
         let now = self.now();
-        let mut found: Vec<(Box<[u8]>, Record)> = Vec::new();
+        // One namespace: keys sort as their encoded forms do.
+        let mut found: Vec<(Bytes, Record)> = Vec::new();
         for shard in self.shards.iter() {
             let shard = shard.lock();
+            let Some(ns) = shard.namespace_id(&query.namespace) else {
+                continue;
+            };
             for slot in shard.slots() {
                 let live = !(slot.completed && slot.deadline <= now);
-                let in_range = slot.key.starts_with(&prefix)
-                    && after.as_deref().is_none_or(|a| &slot.key[..] > a);
+                let in_range = slot.namespace_id() == ns && after.is_none_or(|a| slot.key() > a);
                 if live && in_range {
                     let record = slot.record();
                     if query.admits(&record) {
-                        found.push((slot.key.clone(), record));
+                        found.push((Bytes::copy_from_slice(slot.key()), record));
                     }
                 }
             }
@@ -594,7 +594,8 @@ impl Inner {
         found
             .into_iter()
             .map(|(k, record)| {
-                let key = Key::decode(&k).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                let key = Key::in_namespace(query.namespace.clone(), k)
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
                 Ok(Entry { key, record })
             })
             .collect()
@@ -619,12 +620,12 @@ impl Inner {
         let slot = Slot::completed(&item.key, hash, &item.record);
         let i = match found {
             Some(i) => {
-                *shard.slot_mut(i) = slot;
+                shard.replace(i, slot);
                 i
             }
             None => {
                 self.no_room().take()?;
-                shard.insert(slot);
+                shard.insert(item.key.namespace(), slot);
                 shard.len() - 1
             }
         };
@@ -636,15 +637,19 @@ impl Inner {
     fn completed_keys(&self, after: Option<&Key>, limit: usize) -> Result<Vec<Key>, StoreError> {
         let after = after.map(Key::encode);
         let now = self.now();
-        let mut found: Vec<Box<[u8]>> = Vec::new();
+        let mut found: Vec<Vec<u8>> = Vec::new();
         for shard in self.shards.iter() {
             let shard = shard.lock();
             found.extend(
                 shard
                     .slots()
                     .filter(|s| s.completed && s.deadline > now)
-                    .filter(|s| after.as_deref().is_none_or(|a| &s.key[..] > a))
-                    .map(|s| s.key.clone()),
+                    .filter(|s| {
+                        after
+                            .as_deref()
+                            .is_none_or(|a| shard.encoded_key_after(s, a))
+                    })
+                    .map(|s| shard.encoded_key(s)),
             );
         }
         found.sort_unstable();
