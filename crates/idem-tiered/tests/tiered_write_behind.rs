@@ -299,3 +299,76 @@ async fn a_cold_tier_that_cannot_answer_leaves_the_key_free() {
             .unwrap(),
     );
 }
+
+/// A cold tier whose imports panic.
+#[derive(Clone)]
+struct Panicking(MemoryStore);
+
+impl idem_core::layer::StoreWrapper for Panicking {
+    type Inner = MemoryStore;
+    fn inner(&self) -> &MemoryStore {
+        &self.0
+    }
+}
+
+impl Tier for Panicking {
+    async fn import_many(
+        &self,
+        _: &[ImportItem],
+    ) -> Result<Vec<idem_core::tier::Imported>, StoreError> {
+        panic!("a bug in the cold tier")
+    }
+    async fn raise_token_floor(&self, floor: FencingToken) -> Result<(), StoreError> {
+        self.0.raise_token_floor(floor).await
+    }
+    async fn token_high_water(&self) -> Result<FencingToken, StoreError> {
+        self.0.token_high_water().await
+    }
+    async fn completed_keys(
+        &self,
+        after: Option<&Key>,
+        limit: usize,
+    ) -> Result<Vec<Key>, StoreError> {
+        self.0.completed_keys(after, limit).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_the_cold_tier_wedges_no_one() {
+    let store = TieredStore::builder(MemoryStore::new(), Panicking(MemoryStore::new()))
+        .hot_retention(Duration::from_secs(60))
+        .open()
+        .await
+        .unwrap();
+    deliver(&store, &key(0), "ok").await;
+    // The importing task is gone: flush returns, and a completion that
+    // needs the cold tier fails at once instead of waiting for room.
+    tokio::time::timeout(Duration::from_secs(5), store.flush())
+        .await
+        .expect("flush returns once the importing task has stopped");
+    let token = claimed(
+        store
+            .begin(&key(1), None, Lease::from_secs(30))
+            .await
+            .unwrap(),
+    );
+    let done = tokio::time::timeout(
+        Duration::from_secs(5),
+        store.complete(&key(1), token, None, HOUR),
+    )
+    .await
+    .expect("complete answers");
+    assert!(matches!(done, Err(StoreError::Unavailable(_))), "{done:?}");
+    // Claims, and records the hot tier keeps for their whole retention,
+    // still work.
+    let short = claimed(
+        store
+            .begin(&key(3), None, Lease::from_secs(30))
+            .await
+            .unwrap(),
+    );
+    let kept = store
+        .complete(&key(3), short, None, Duration::from_secs(10))
+        .await;
+    assert!(!kept.unwrap().is_stale());
+}

@@ -133,7 +133,9 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStore<H, C> {
     }
 
     /// Waits until every completion queued so far is in the cold tier (or
-    /// was given up: see [`WriteBehindStats`]).
+    /// was given up: see [`WriteBehindStats`]). Returns at once if the task
+    /// that imports them has stopped (a panic in the cold tier's code):
+    /// then completions that need the cold tier fail instead of waiting.
     ///
     /// # Cancel safety
     ///

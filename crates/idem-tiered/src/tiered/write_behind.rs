@@ -72,7 +72,21 @@ struct State {
     lost: AtomicU64,
     refused: AtomicU64,
     retries: AtomicU64,
+    /// The importing task has ended (it panicked): nothing drains the
+    /// queue any more, and waiting for it would never end.
+    stopped: std::sync::atomic::AtomicBool,
     drained: Notify,
+}
+
+/// Marks the queue stopped when the importing task ends, by a panic too,
+/// and wakes whoever waits for it to drain.
+struct StopsQueue(Arc<State>);
+
+impl Drop for StopsQueue {
+    fn drop(&mut self) {
+        self.0.stopped.store(true, Ordering::Release);
+        self.0.drained.notify_waiters();
+    }
 }
 
 impl State {
@@ -160,7 +174,9 @@ impl WriteBehind {
     pub async fn flush(&self) {
         loop {
             let drained = self.state.drained.notified();
-            if self.state.pending.load(Ordering::Acquire) == 0 {
+            if self.state.pending.load(Ordering::Acquire) == 0
+                || self.state.stopped.load(Ordering::Acquire)
+            {
                 return;
             }
             drained.await;
@@ -189,6 +205,7 @@ struct Worker<H, C> {
 
 impl<H: Tier, C: Tier> Worker<H, C> {
     async fn run(self, mut rx: mpsc::Receiver<Pending>, batch: usize) {
+        let _stops = StopsQueue(self.state.clone());
         let mut pending = Vec::with_capacity(batch);
         while rx.recv_many(&mut pending, batch).await > 0 {
             let n = pending.len() as u64;
