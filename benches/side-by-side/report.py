@@ -229,7 +229,10 @@ def chart(path, args, rows, peer_rate):
             Patch(color=IDEM_COLOUR, label="idem"),
             Patch(color=PEER_COLOUR, label="AWS Powertools (Python)"),
         ],
-        loc="lower right",
+        # Below the axis: inside it, it would cover the last rows' labels.
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.07),
+        ncol=3,
         fontsize=9,
         frameon=False,
     )
