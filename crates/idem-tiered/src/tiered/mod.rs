@@ -429,7 +429,7 @@ impl<H: Tier + Clone, C: Tier + Clone> Store for TieredStore<H, C> {
         fingerprint: Option<Fingerprint>,
         lease: Lease,
     ) -> Result<Begin, StoreError> {
-        self.shared.limits.check_begin(key, lease)?;
+        // The hot tier checks key and lease against the same limits.
         let claim = self.shared.hot.begin(key, fingerprint, lease).await?;
         self.settle_acquired(key, fingerprint, claim).await
     }
@@ -492,7 +492,7 @@ impl<H: Tier + Clone, C: Tier + Clone> Store for TieredStore<H, C> {
     }
 
     async fn begin_many(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
-        self.shared.limits.check_begin_items(items)?;
+        // The hot tier checks the batch against the same limits.
         let claims = self.shared.hot.begin_many(items).await?;
         let settled = items
             .iter()
