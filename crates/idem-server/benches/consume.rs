@@ -4,7 +4,8 @@
 //! - **bare**: the broker's idem source with no guard: fetch up to 64, ack
 //!   each (concurrently), fetch again;
 //! - **idem consume**: the release binary on the memory store, then on the
-//!   Redis store, POSTing each message to a trivial HTTP handler in this
+//!   Redis store, then on the tiered store (a memory hot tier over a file
+//!   cold tier, with the key filter), POSTing each message to a trivial HTTP handler in this
 //!   process, 64 at a time.
 //!
 //! Each side gets its own queue, stream or topic with the same pre-published
@@ -63,7 +64,7 @@ async fn bare<S: Source>(source: S, n: usize) -> f64 {
 /// saw `n` messages; timed from the first message's arrival, so that the
 /// consumer's start (a Kafka group join and first fetch take about a
 /// second) stays out of the rate.
-async fn sidecar(from: &str, store: &str, n: usize) -> f64 {
+async fn sidecar(from: &str, store: &[String], n: usize) -> f64 {
     let seen = Arc::new(AtomicUsize::new(0));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let to = format!("http://{}/handle", listener.local_addr().unwrap());
@@ -78,7 +79,8 @@ async fn sidecar(from: &str, store: &str, n: usize) -> f64 {
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
     let bin = std::env::var("IDEM_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_idem").into());
     let mut child = tokio::process::Command::new(bin)
-        .args(["consume", "--from", from, "--to", &to, "--store", store])
+        .args(["consume", "--from", from, "--to", &to])
+        .args(store)
         .args(["--concurrency", &CONCURRENCY.to_string(), "--log", "warn"])
         .env_remove("IDEM_CONFIG")
         .stdout(Stdio::piped())
@@ -93,7 +95,8 @@ async fn sidecar(from: &str, store: &str, n: usize) -> f64 {
     }
     let started = Instant::now();
     eprintln!(
-        "{from} on {store}: the first message came {:?} after the ready line",
+        "{from} on {}: the first message came {:?} after the ready line",
+        store.join(" "),
         started - ready
     );
     while seen.load(Ordering::Relaxed) < n {
@@ -113,6 +116,28 @@ struct Row {
     bare: f64,
     memory: f64,
     redis: f64,
+    tiered: f64,
+}
+
+/// `--store URL`.
+fn store(url: &str) -> Vec<String> {
+    vec!["--store".into(), url.into()]
+}
+
+/// Runs the sidecar from `url` on the tiered store: a memory hot tier over
+/// a file cold tier in a directory of its own, with the key filter.
+async fn tiered(url: &str, n: usize) -> f64 {
+    let cold = tempfile::tempdir().unwrap();
+    let args = [
+        "--store",
+        "tiered",
+        "--hot-store",
+        "memory://",
+        "--cold-store",
+        &format!("file://{}", cold.path().join("cold").display()),
+    ]
+    .map(String::from);
+    sidecar(url, &args, n).await
 }
 
 async fn amqp(n: usize, redis: &str) -> Row {
@@ -136,15 +161,19 @@ async fn amqp(n: usize, redis: &str) -> Row {
     let bare = bare(source, n).await;
     let (url, source) = prepare(&unique("bench-mem")).await;
     source.close().await;
-    let memory = sidecar(&url, "memory://", n).await;
+    let memory = sidecar(&url, &store("memory://"), n).await;
     let (url, source) = prepare(&unique("bench-redis")).await;
     source.close().await;
-    let redis = sidecar(&url, redis, n).await;
+    let redis = sidecar(&url, &store(redis), n).await;
+    let (url, source) = prepare(&unique("bench-tiered")).await;
+    source.close().await;
+    let tiered = tiered(&url, n).await;
     Row {
         broker: "RabbitMQ",
         bare,
         memory,
         redis,
+        tiered,
     }
 }
 
@@ -182,14 +211,17 @@ async fn nats(n: usize, redis: &str) -> Row {
     let (_, source) = prepare(&unique("bench-bare")).await;
     let bare = bare(source, n).await;
     let (url, _) = prepare(&unique("bench-mem")).await;
-    let memory = sidecar(&url, "memory://", n).await;
+    let memory = sidecar(&url, &store("memory://"), n).await;
     let (url, _) = prepare(&unique("bench-redis")).await;
-    let redis = sidecar(&url, redis, n).await;
+    let redis = sidecar(&url, &store(redis), n).await;
+    let (url, _) = prepare(&unique("bench-tiered")).await;
+    let tiered = tiered(&url, n).await;
     Row {
         broker: "NATS JetStream",
         bare,
         memory,
         redis,
+        tiered,
     }
 }
 
@@ -217,14 +249,17 @@ async fn redis_streams(n: usize, redis: &str) -> Row {
     let (_, source) = prepare(&unique("bench-bare")).await;
     let bare = bare(source, n).await;
     let (url, _) = prepare(&unique("bench-mem")).await;
-    let memory = sidecar(&url, "memory://", n).await;
+    let memory = sidecar(&url, &store("memory://"), n).await;
     let (url, _) = prepare(&unique("bench-redis")).await;
-    let redis_rate = sidecar(&url, redis, n).await;
+    let redis_rate = sidecar(&url, &store(redis), n).await;
+    let (url, _) = prepare(&unique("bench-tiered")).await;
+    let tiered = tiered(&url, n).await;
     Row {
         broker: "Redis Streams",
         bare,
         memory,
         redis: redis_rate,
+        tiered,
     }
 }
 
@@ -263,15 +298,19 @@ async fn kafka(n: usize, redis: &str) -> Row {
     source.close().await;
     let (url, source) = prepare(&unique("bench-mem")).await;
     source.close().await;
-    let memory = sidecar(&url, "memory://", n).await;
+    let memory = sidecar(&url, &store("memory://"), n).await;
     let (url, source) = prepare(&unique("bench-redis")).await;
     source.close().await;
-    let redis = sidecar(&url, redis, n).await;
+    let redis = sidecar(&url, &store(redis), n).await;
+    let (url, source) = prepare(&unique("bench-tiered")).await;
+    source.close().await;
+    let tiered = tiered(&url, n).await;
     Row {
         broker: "Kafka (tansu)",
         bare,
         memory,
         redis,
+        tiered,
     }
 }
 
@@ -305,15 +344,18 @@ async fn rocketmq(n: usize, redis: &str) -> Row {
     let bare = bare(source.clone(), n).await;
     source.shutdown().await;
     let url = prepare("bench_mem").await;
-    let memory = sidecar(&url, "memory://", n).await;
+    let memory = sidecar(&url, &store("memory://"), n).await;
     let url = prepare("bench_redis").await;
-    let redis = sidecar(&url, redis, n).await;
+    let redis = sidecar(&url, &store(redis), n).await;
+    let url = prepare("bench_tiered").await;
+    let tiered = tiered(&url, n).await;
     publisher.shutdown().await;
     Row {
         broker: "RocketMQ (rocketmq-rust)",
         bare,
         memory,
         redis,
+        tiered,
     }
 }
 
@@ -330,8 +372,11 @@ fn main() {
         .build()
         .unwrap();
     println!("{n} messages a side, concurrency {CONCURRENCY}; messages/s (ratio to bare)");
-    println!("| broker | bare source | idem consume, memory store | idem consume, Redis store |");
-    println!("| --- | ---: | ---: | ---: |");
+    println!(
+        "| broker | bare source | idem consume, memory store | idem consume, Redis store | \
+         idem consume, tiered store (memory over file) |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: |");
     // IDEM_BENCH_BROKERS=amqp,kafka runs only those.
     let only = std::env::var("IDEM_BENCH_BROKERS").unwrap_or_default();
     let wanted = |name: &str| only.is_empty() || only.split(',').any(|b| b == name);
@@ -353,13 +398,15 @@ fn main() {
     }
     for row in rows {
         println!(
-            "| {} | {:.0} | {:.0} ({:.2}) | {:.0} ({:.2}) |",
+            "| {} | {:.0} | {:.0} ({:.2}) | {:.0} ({:.2}) | {:.0} ({:.2}) |",
             row.broker,
             row.bare,
             row.memory,
             row.memory / row.bare,
             row.redis,
-            row.redis / row.bare
+            row.redis / row.bare,
+            row.tiered,
+            row.tiered / row.bare
         );
     }
 }

@@ -219,6 +219,8 @@ pub struct FileSettings {
     /// `consume` only.
     pub shutdown_grace_ms: Option<u64>,
     /// `consume` only.
+    pub completion_linger_ms: Option<u64>,
+    /// `consume` only.
     pub retry_initial_ms: Option<u64>,
     /// `consume` only.
     pub retry_max_ms: Option<u64>,

@@ -75,6 +75,11 @@ fn bad_settings_are_refused_with_what_to_give() {
         ],
         "retry_max_ms",
     );
+    let e = refused(
+        &["--from", FROM, "--to", TO, "--completion-linger-ms", "5000"],
+        "completion_linger_ms",
+    );
+    assert!(e.contains("give 0 to 1000"), "{e}");
 }
 
 #[test]
@@ -106,6 +111,7 @@ fn help_documents_the_interface() {
         "--max-attempts",
         "--dead-letter",
         "--retry",
+        "--completion-linger-ms",
         "kafka://",
         "--metrics-listen",
         "Idempotency-Key",

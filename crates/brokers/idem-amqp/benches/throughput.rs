@@ -1,6 +1,7 @@
 //! Messages per second through RabbitMQ: a bare lapin consumer acking after
 //! a no-op handler, then the runner over `AmqpSource` with the memory, file
-//! and Redis stores; same prefetch, same pre-published messages. Latency is
+//! and Redis stores (Redis twice: each fetched batch's completions in one
+//! call, the default, and each completion on its own); same prefetch, same pre-published messages. Latency is
 //! per message, from the consumer receiving it to its ack completing.
 //!
 //! `cargo bench -p idem-amqp --bench throughput`
@@ -140,13 +141,15 @@ async fn bare(url: &str, queue: &str, n: usize, concurrency: usize) -> Outcome {
     }
 }
 
-/// (b)–(d) the runner with `store`.
+/// (b)–(e) the runner with `store`, completions gathered for
+/// `completion_linger`.
 async fn runner<S: Store + Clone>(
     url: &str,
     queue: &str,
     n: usize,
     concurrency: usize,
     store: S,
+    completion_linger: Duration,
 ) -> Outcome {
     let config = AmqpConfig::from_url(&format!("{url}?queue={queue}"))
         .unwrap()
@@ -163,6 +166,7 @@ async fn runner<S: Store + Clone>(
     let task = tokio::spawn(
         Runner::new(Guard::new(store), source, handler)
             .concurrency(concurrency)
+            .completion_linger(completion_linger)
             .run(stop.clone()),
     );
     times.wait_for(n).await;
@@ -192,26 +196,39 @@ async fn main() {
         "consumer", "msgs/s", "p50", "p99", "p50 added", "p99 added"
     );
     let mut baseline: Option<(Duration, Duration)> = None;
+    // The runner's default: a fetched batch's completions in one call.
+    let linger = Duration::from_millis(1);
     for case in [
         "bare lapin",
         "runner + MemoryStore",
         "runner + FileStore",
         "runner + RedisStore",
+        "runner + RedisStore (completions alone)",
     ] {
-        let queue = format!("idem-bench-{run_id}-{}", case.replace([' ', '+'], ""));
+        let queue = format!(
+            "idem-bench-{run_id}-{}",
+            case.replace(|c: char| !c.is_ascii_alphanumeric(), "")
+        );
         prepublish(&url, &queue, n).await;
         let outcome = match case {
             "bare lapin" => bare(&url, &queue, n, concurrency).await,
             "runner + MemoryStore" => {
-                runner(&url, &queue, n, concurrency, MemoryStore::new()).await
+                runner(&url, &queue, n, concurrency, MemoryStore::new(), linger).await
             }
             "runner + FileStore" => {
                 let dir = tempfile::tempdir().unwrap();
                 let store = idem_file::FileStore::open(dir.path().join("idem")).unwrap();
-                runner(&url, &queue, n, concurrency, store).await
+                runner(&url, &queue, n, concurrency, store, linger).await
             }
             _ => match idem_redis::RedisStore::connect(&redis).await {
-                Ok(store) => runner(&url, &queue, n, concurrency, store).await,
+                Ok(store) => {
+                    let linger = if case.ends_with("(completions alone)") {
+                        Duration::ZERO
+                    } else {
+                        linger
+                    };
+                    runner(&url, &queue, n, concurrency, store, linger).await
+                }
                 Err(e) => {
                     println!("{case:<24} skipped: Redis at {redis}: {e}");
                     delete_queues(&url, &queue).await;

@@ -1,14 +1,17 @@
 //! Messages per second consumed from Kafka: a bare rdkafka consumer that
 //! stores each offset after a no-op handler (committed every second, the
 //! usual at-least-once loop), then the runner on [`KafkaSource`] with the
-//! memory and Redis stores. Each side reads a fresh 4-partition topic with
+//! memory and Redis stores (the Redis store twice: each fetched batch's
+//! completions in one call, the default, and each completion on its own).
+//! Each side reads a fresh 4-partition topic with
 //! the same pre-published messages (one record per batch, for the test
 //! broker: see docs/design.md), as a fresh group. Each rate runs from the
 //! first message handled to the last, leaving the group join out.
 //!
 //! `cargo bench -p idem-kafka --bench throughput`
 //! (`IDEM_BENCH_MESSAGES`, default 20 000, `IDEM_BENCH_CONCURRENCY`,
-//! default 64; the broker from `IDEM_TEST_KAFKA_URL`, Redis from
+//! default 64; `IDEM_BENCH_CASES=bare,memory,redis,redis-alone` runs only
+//! those; the broker from `IDEM_TEST_KAFKA_URL`, Redis from
 //! `IDEM_TEST_REDIS_URL`.)
 
 use std::sync::{Arc, OnceLock};
@@ -124,6 +127,7 @@ async fn through_runner<S: Store + Clone>(
     tag: &str,
     n: usize,
     concurrency: usize,
+    completion_linger: Duration,
 ) -> f64 {
     let topic = prepare(brokers, tag, n).await;
     eprintln!("published {n} to {topic}");
@@ -150,6 +154,7 @@ async fn through_runner<S: Store + Clone>(
     let run = tokio::spawn(
         Runner::new(guard, source, handler)
             .concurrency(concurrency)
+            .completion_linger(completion_linger)
             .run(shutdown.clone()),
     );
     times.wait_for(n).await;
@@ -175,20 +180,34 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // IDEM_BENCH_CASES=bare,redis runs only those (for a profile of one).
+    let only = std::env::var("IDEM_BENCH_CASES").unwrap_or_default();
+    let wanted = |case: &str| only.is_empty() || only.split(',').any(|c| c == case);
     rt.block_on(async {
-        let bare = bare(&brokers, n).await;
-        let memory = through_runner(
-            idem_core::MemoryStore::new(),
-            &brokers,
-            "memory",
-            n,
-            concurrency,
-        )
-        .await;
+        let gathered = Duration::from_millis(1);
+        let mut bare_rate = f64::NAN;
+        if wanted("bare") {
+            bare_rate = bare(&brokers, n).await;
+        }
+        let mut memory = f64::NAN;
+        if wanted("memory") {
+            let store = idem_core::MemoryStore::new();
+            memory = through_runner(store, &brokers, "memory", n, concurrency, gathered).await;
+        }
         let store = idem_redis::RedisStore::connect(&redis)
             .await
             .expect("Redis");
-        let redis_rate = through_runner(store, &brokers, "redis", n, concurrency).await;
+        let (mut redis_rate, mut redis_alone) = (f64::NAN, f64::NAN);
+        if wanted("redis") {
+            redis_rate =
+                through_runner(store.clone(), &brokers, "redis", n, concurrency, gathered).await;
+        }
+        if wanted("redis-alone") {
+            let linger = Duration::ZERO;
+            redis_alone =
+                through_runner(store, &brokers, "redis-alone", n, concurrency, linger).await;
+        }
+        let bare = bare_rate;
         println!(
             "\n{n} messages, {PARTITIONS} partitions, concurrency {concurrency}, broker {brokers}\n"
         );
@@ -197,6 +216,10 @@ fn main() {
             ("bare rdkafka consumer, offsets stored after a no-op", bare),
             ("runner + MemoryStore", memory),
             ("runner + RedisStore", redis_rate),
+            (
+                "runner + RedisStore, each completion on its own",
+                redis_alone,
+            ),
         ] {
             println!("| {name} | {rate:.0} | {:.2} |", rate / bare);
         }

@@ -1,5 +1,6 @@
 //! The runner: fetch, claim, handle, settle.
 
+mod gather;
 mod process;
 mod tally;
 
@@ -26,9 +27,12 @@ use crate::{Backoff, Capabilities, DeadLetter, Delivery, Handler, KeyFrom, Sourc
 /// [`Guard`], and settles each message with the broker (see the crate docs
 /// for the table of outcomes and actions).
 ///
-/// - **Batched claims**: each fetched batch is claimed with one
-///   `begin_many`; completions go one by one as handlers finish (the Redis
-///   and file stores group concurrent ones themselves).
+/// - **Batched claims and completions**: each fetched batch is claimed with
+///   one `begin_many`, and its messages' completions are stored with one
+///   `complete_many` once every message of the batch has finished (or the
+///   first finished one has waited
+///   [`completion_linger`](Runner::completion_linger)); each message is
+///   acked after its completion is stored.
 /// - **Bounded concurrency**: at most [`concurrency`](Runner::concurrency)
 ///   messages are fetched or running at once (a key or lane whose messages
 ///   run one after another holds one place while it runs). Messages
@@ -87,6 +91,7 @@ pub struct Runner<S, Src, H> {
     fingerprint: bool,
     grace: Duration,
     linger: Duration,
+    completion_linger: Duration,
     readiness: Readiness,
 }
 
@@ -115,6 +120,7 @@ where
             fingerprint: false,
             grace: Duration::from_secs(30),
             linger: Duration::from_millis(1),
+            completion_linger: DEFAULT_COMPLETION_LINGER,
             readiness: Readiness::default(),
         }
     }
@@ -201,6 +207,20 @@ where
         self
     }
 
+    /// How long a finished message waits for the rest of its fetched batch
+    /// before its completion is stored without them (default 1 ms; zero
+    /// stores each completion on its own, as soon as its handler returns).
+    ///
+    /// The completions of a batch are stored with one `complete_many` when
+    /// the batch's last message finishes, so a store across the network
+    /// (Redis, SQL) takes one call a batch instead of one a message. A
+    /// message is acked only once its completion is stored; a handler
+    /// slower than the others delays their acks by at most this long.
+    pub fn completion_linger(mut self, linger: Duration) -> Self {
+        self.completion_linger = linger;
+        self
+    }
+
     /// How long handlers in flight may take to finish at shutdown (default
     /// 30 s).
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
@@ -232,8 +252,14 @@ where
         let tally = tally::Tally::new(namespace.as_str());
         let permits = Arc::new(Semaphore::new(self.concurrency));
         let capabilities = self.source.capabilities();
+        let gather = (self.claims && !self.completion_linger.is_zero())
+            .then(|| gather::flush_into(self.guard.store().clone()));
         let shared = Arc::new(Shared {
-            guard: self.guard,
+            guard: self
+                .guard
+                .with_store(gather::Gathered::new(self.guard.store().clone())),
+            gather,
+            completion_linger: self.completion_linger,
             claims: self.claims,
             source: self.source,
             handler: self.handler,
@@ -415,6 +441,10 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+/// How long a finished message waits for the rest of its fetched batch
+/// before its completion is stored without them.
+const DEFAULT_COMPLETION_LINGER: Duration = Duration::from_millis(1);
+
 /// Adds free permits to `held`, up to `batch`.
 fn take_free(permits: &Arc<Semaphore>, held: &mut Vec<OwnedSemaphorePermit>, batch: usize) {
     while held.len() < batch {
@@ -504,7 +534,11 @@ struct Pause {
 }
 
 struct Shared<S, Src: Source, H> {
-    guard: Guard<S>,
+    /// The runner's guard, its completions gathered per fetched batch.
+    guard: Guard<gather::Gathered<S>>,
+    /// Stores a fetched batch's completions (`None`: each on its own).
+    gather: Option<gather::Flush>,
+    completion_linger: Duration,
     /// Whether keys are claimed in the store (false: [`Runner::unguarded`]).
     claims: bool,
     source: Src,
@@ -656,14 +690,19 @@ where
             }
         }
         .into_iter();
+        let batch = self
+            .gather
+            .as_ref()
+            .map(|flush| gather::Batch::new(flush.clone(), self.completion_linger, starts.len()));
         for (group, delivery, key, permit) in starts {
             let begun = answers.next().expect("one answer per item");
+            let member = batch.as_ref().map(gather::Member::of);
             let this = self.clone();
             // Boxed: the task then moves a pointer, not the whole state
             // of a guarded handler.
             tracker.spawn(Box::pin(async move {
-                this.step(&group, this.settle(delivery, &key, begun, sent))
-                    .await;
+                let settle = this.settle(delivery, &key, begun, sent);
+                this.step(&group, gather::within(member, settle)).await;
                 this.drain(group, permit).await;
             }));
         }

@@ -56,6 +56,9 @@ where
         };
         loop {
             let action = self.decide(&delivery, key, begun, sent).await;
+            // Its completion, if any, is queued or stored: the rest of its
+            // fetched batch need not wait for this message any longer.
+            super::gather::leave();
             let Some(delivery_again) = self.wait_in_place(delivery, key, action, &mut held).await
             else {
                 break;

@@ -162,6 +162,17 @@ impl<S: Store + Clone> Guard<S> {
         &self.store
     }
 
+    /// A guard with the same lease, retention and failure mode around
+    /// another store: this one wrapped in a layer, say.
+    pub fn with_store<T: Store + Clone>(&self, store: T) -> Guard<T> {
+        Guard {
+            store,
+            lease: self.lease,
+            retention: self.retention,
+            fail_open: self.fail_open,
+        }
+    }
+
     /// Runs `handler` once for `key`; see [`Guard`].
     pub async fn run<T, E, F, Fut>(
         &self,

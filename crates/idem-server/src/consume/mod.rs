@@ -69,6 +69,12 @@ pub struct ConsumeArgs {
     /// [default: 30000].
     #[arg(long, env = "IDEM_SHUTDOWN_GRACE_MS", value_name = "MS")]
     pub shutdown_grace_ms: Option<u64>,
+    /// How long a message whose handler answered 2xx waits for the rest of
+    /// its fetched batch, in ms, so that the batch's outcomes are stored
+    /// with one store call before their messages are acked; 0 stores each
+    /// outcome on its own [default: 1].
+    #[arg(long, env = "IDEM_COMPLETION_LINGER_MS", value_name = "MS")]
+    pub completion_linger_ms: Option<u64>,
     /// Delay before the first retry of a failed message, in ms; doubled per
     /// attempt, with jitter [default: 1000].
     #[arg(long, env = "IDEM_RETRY_INITIAL_MS", value_name = "MS")]
@@ -122,6 +128,10 @@ key and the fencing token.
 
 The lease each claim takes is --default-lease-ms; it is renewed while the handler works.";
 
+/// The longest `--completion-linger-ms`: past a second, a finished message
+/// would wait for its batch longer than most handlers take.
+const MAX_COMPLETION_LINGER: Duration = Duration::from_secs(1);
+
 /// `consume` settings, resolved.
 struct Settings {
     from: String,
@@ -134,6 +144,7 @@ struct Settings {
     metrics_listen: Option<SocketAddr>,
     timeout: Duration,
     grace: Duration,
+    completion_linger: Duration,
     backoff: Backoff,
     blocking: bool,
     statuses: Statuses,
@@ -204,6 +215,22 @@ fn resolve(args: ConsumeArgs, file: &FileSettings) -> Result<Settings, crate::co
         30_000,
         "shutdown_grace_ms",
     )?;
+    let completion_linger = Duration::from_millis(
+        args.completion_linger_ms
+            .or(file.completion_linger_ms)
+            .unwrap_or(1),
+    );
+    if completion_linger > MAX_COMPLETION_LINGER {
+        return Err(bad(
+            "completion_linger_ms",
+            format!(
+                "{} ms is longer than the limit of {} ms: a finished message waits \
+                 this long for its batch before its ack; give 0 to 1000",
+                completion_linger.as_millis(),
+                MAX_COMPLETION_LINGER.as_millis()
+            ),
+        ));
+    }
     let initial = ms(
         args.retry_initial_ms,
         file.retry_initial_ms,
@@ -261,6 +288,7 @@ fn resolve(args: ConsumeArgs, file: &FileSettings) -> Result<Settings, crate::co
         metrics_listen,
         timeout,
         grace,
+        completion_linger,
         backoff: Backoff {
             initial,
             max,
@@ -319,6 +347,7 @@ pub async fn run(args: ConsumeArgs) -> Result<(), Failure> {
         max_attempts: settings.max_attempts,
         backoff: settings.backoff,
         grace: settings.grace,
+        completion_linger: settings.completion_linger,
         dead_letter: settings.dead_letter,
         blocking: settings.blocking,
         lease: settings.store.default_lease,
@@ -345,6 +374,7 @@ pub struct Job {
     max_attempts: u32,
     backoff: Backoff,
     grace: Duration,
+    completion_linger: Duration,
     /// `--dead-letter`, when given.
     pub dead_letter: Option<String>,
     /// `--retry blocking`: retries wait in place and hold their lane.
@@ -368,7 +398,8 @@ impl Job {
             .backoff(self.backoff)
             .retry_in_place(self.blocking)
             .ordered(self.blocking)
-            .shutdown_grace(self.grace);
+            .shutdown_grace(self.grace)
+            .completion_linger(self.completion_linger);
         if let Some(ns) = self.namespace {
             runner = runner.namespace(ns);
         }
