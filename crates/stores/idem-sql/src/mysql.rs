@@ -17,10 +17,11 @@
 //! hexadecimal literals written here from typed values, never as text
 //! from the caller; table names come from a checked prefix.
 //!
-//! Keys are matched as `ns = … AND k = …` (ORed for several keys), which
-//! MariaDB resolves through the primary key; it does not for a row
-//! constructor `(ns, k) IN ((…))` in an `UPDATE`, which scans and, under
-//! REPEATABLE READ, locks every row of the table.
+//! A key is matched as `ns = … AND k = …`, several keys as `ns = … AND k
+//! IN (…)` for each namespace (ORed), which MariaDB resolves through the
+//! primary key; it does not for a row constructor `(ns, k) IN ((…))` in an
+//! `UPDATE`, which scans and, under REPEATABLE READ, locks every row of
+//! the table.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -96,34 +97,64 @@ fn claim_stamp() -> i64 {
     ((h >> 1) | 1) as i64
 }
 
-/// `(ns = … AND k = …) OR …` for `keys`, as literals.
-fn key_match<'a>(out: &mut String, keys: impl Iterator<Item = &'a Key>) {
+/// `(ns = … AND k = …)` for one key, as literals.
+fn key_match(out: &mut String, key: &Key) {
+    out.push_str("(ns = ");
+    hex_literal(out, ns(key));
+    out.push_str(" AND k = ");
+    hex_literal(out, key.bytes());
+    out.push(')');
+}
+
+/// `keys` in runs of one namespace each (one run a namespace when the keys
+/// come in primary-key order).
+fn by_namespace<'a, 'k>(keys: &'a [&'k Key]) -> impl Iterator<Item = &'a [&'k Key]> {
+    keys.chunk_by(|a, b| ns(a) == ns(b))
+}
+
+/// `(ns = … AND k IN (…)) OR …` for `keys`, as literals: a namespace and
+/// its keys for each run of one namespace.
+///
+/// MariaDB finds these rows through the primary key, and tests each row
+/// found against its namespace's `IN` list by a binary search. Keys ORed
+/// one by one, `(ns = … AND k = …) OR …`, are found the same way, but each
+/// row found is then tested against the whole list: a read of 256 keys
+/// cost the server three times the CPU.
+fn key_list(out: &mut String, keys: &[&Key]) {
     out.push('(');
-    for (i, key) in keys.enumerate() {
+    for (i, run) in by_namespace(keys).enumerate() {
         if i > 0 {
             out.push_str(" OR ");
         }
         out.push_str("(ns = ");
-        hex_literal(out, ns(key));
-        out.push_str(" AND k = ");
-        hex_literal(out, key.bytes());
-        out.push(')');
+        hex_literal(out, ns(run[0]));
+        out.push_str(" AND k IN (");
+        for (j, key) in run.iter().enumerate() {
+            if j > 0 {
+                out.push(',');
+            }
+            hex_literal(out, key.bytes());
+        }
+        out.push_str("))");
     }
     out.push(')');
 }
 
-/// `(ns = ? AND k = ?) OR …` for `keys`, bound.
-fn bind_key_match<'k>(q: &mut QueryBuilder<sqlx::MySql>, keys: impl Iterator<Item = &'k Key>) {
+/// [`key_list`] with its values bound.
+fn bind_key_list(q: &mut QueryBuilder<sqlx::MySql>, keys: &[&Key]) {
     q.push("(");
-    for (i, key) in keys.enumerate() {
+    for (i, run) in by_namespace(keys).enumerate() {
         if i > 0 {
             q.push(" OR ");
         }
         q.push("(ns = ");
-        q.push_bind(ns(key));
-        q.push(" AND k = ");
-        q.push_bind(&key.bytes()[..]);
-        q.push(")");
+        q.push_bind(ns(run[0]));
+        q.push(" AND k IN (");
+        let mut values = q.separated(",");
+        for key in run {
+            values.push_bind(&key.bytes()[..]);
+        }
+        q.push("))");
     }
     q.push(")");
 }
@@ -259,7 +290,8 @@ impl MySql {
         let mut read = format!(
             "SELECT ns, k, claim = {stamp} AS mine, @idem_now AS now, {ROW} FROM {table} WHERE "
         );
-        key_match(&mut read, items.iter().map(|i| &i.key));
+        let keys: Vec<&Key> = items.iter().map(|i| &i.key).collect();
+        key_list(&mut read, &keys);
         [format!("SET @idem_now = {NOW}"), upsert, read]
     }
 
@@ -327,6 +359,15 @@ impl MySql {
             update.push_bind(token_column(item.token));
             update.push(format_args!(" AND state = 1 AND lease_until > {NOW}"));
         } else {
+            // The server writes these rows into a temporary table before
+            // the join reads them. MariaDB types a bound string there as a
+            // BLOB, which its in-memory temporary tables cannot hold, so
+            // every statement made, filled and dropped a temporary table
+            // on disk. Cast to BINARY, a value is a VARBINARY of its own
+            // length, as a literal is, and the table stays in memory
+            // (unless an outcome is too large for it). The cast is typed
+            // again at each execution: a longer value in a later batch is
+            // not cut.
             update.push(format_args!("UPDATE {table} r JOIN ("));
             for (i, item) in items.iter().enumerate() {
                 update.push(if i == 0 {
@@ -334,14 +375,15 @@ impl MySql {
                 } else {
                     " UNION ALL SELECT "
                 });
+                update.push("CAST(");
                 update.push_bind(ns(&item.key));
-                update.push(" AS ns, ");
+                update.push(" AS BINARY) AS ns, CAST(");
                 update.push_bind(&item.key.bytes()[..]);
-                update.push(" AS k, ");
+                update.push(" AS BINARY) AS k, ");
                 update.push_bind(token_column(item.token));
-                update.push(" AS token, ");
+                update.push(" AS token, CAST(");
                 update.push_bind(item.outcome.as_deref());
-                update.push(" AS outcome, ");
+                update.push(" AS BINARY) AS outcome, ");
                 update.push_bind(crate::row::millis(item.retention));
                 update.push(" AS retention");
             }
@@ -369,7 +411,8 @@ impl MySql {
         read.push(format_args!(
             "SELECT ns, k, token, state, expires_at, {NOW} AS now FROM {table} WHERE "
         ));
-        bind_key_match(read, items.iter().map(|i| &i.key));
+        let keys: Vec<&Key> = items.iter().map(|i| &i.key).collect();
+        bind_key_list(read, &keys);
     }
 
     /// `complete` for items of one shard, no key twice.
@@ -469,7 +512,7 @@ impl MySql {
             lease.saturating_add(abandoned_ms),
             token_column(held),
         );
-        key_match(&mut update, std::iter::once(key));
+        key_match(&mut update, key);
         [
             format!("SET @idem_now = {NOW}"),
             update,
@@ -631,10 +674,13 @@ impl MySql {
             } else {
                 " UNION ALL SELECT "
             });
+            // Cast to BINARY to stay in an in-memory temporary table, as
+            // in `push_complete`.
+            read.push("CAST(");
             read.push_bind(ns(&item.key));
-            read.push(" AS ns, ");
+            read.push(" AS BINARY) AS ns, CAST(");
             read.push_bind(&item.key.bytes()[..]);
-            read.push(" AS k");
+            read.push(" AS BINARY) AS k");
         }
         read.push(format_args!(
             ") i JOIN {table} r ON r.ns = i.ns AND r.k = i.k WHERE r.claim = "
