@@ -10,7 +10,7 @@
 //!
 //! `cargo bench -p idem-kafka --bench throughput`
 //! (`IDEM_BENCH_MESSAGES`, default 20 000, `IDEM_BENCH_CONCURRENCY`,
-//! default 64; `IDEM_BENCH_CASES=bare,memory,redis,redis-alone` runs only
+//! default 64; `IDEM_BENCH_CASES=bare,memory,memory-alone,redis,redis-alone` runs only
 //! those; the broker from `IDEM_TEST_KAFKA_URL`, Redis from
 //! `IDEM_TEST_REDIS_URL`.)
 
@@ -194,6 +194,13 @@ fn main() {
             let store = idem_core::MemoryStore::new();
             memory = through_runner(store, &brokers, "memory", n, concurrency, gathered).await;
         }
+        let mut memory_alone = f64::NAN;
+        if wanted("memory-alone") {
+            let store = idem_core::MemoryStore::new();
+            let linger = Duration::ZERO;
+            memory_alone =
+                through_runner(store, &brokers, "memory-alone", n, concurrency, linger).await;
+        }
         let store = idem_redis::RedisStore::connect(&redis)
             .await
             .expect("Redis");
@@ -215,6 +222,10 @@ fn main() {
         for (name, rate) in [
             ("bare rdkafka consumer, offsets stored after a no-op", bare),
             ("runner + MemoryStore", memory),
+            (
+                "runner + MemoryStore, each completion on its own",
+                memory_alone,
+            ),
             ("runner + RedisStore", redis_rate),
             (
                 "runner + RedisStore, each completion on its own",

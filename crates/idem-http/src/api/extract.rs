@@ -32,6 +32,18 @@ pub(super) struct Payload<T>(pub T);
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Payload<T> {
     type Rejection = Problem;
     async fn from_request(req: Request, state: &S) -> Result<Self, Problem> {
+        let JsonBody(bytes) = JsonBody::from_request(req, state).await?;
+        decode(&bytes).map(Payload)
+    }
+}
+
+/// A request body declared as JSON, not yet read into anything: for a
+/// handler that reads it itself, then with [`decode`] if that fails.
+pub(super) struct JsonBody(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for JsonBody {
+    type Rejection = Problem;
+    async fn from_request(req: Request, state: &S) -> Result<Self, Problem> {
         // Refused before the body is read: a web page may post `text/plain`
         // to a local server without asking, but not `application/json`.
         let declared = req.headers().get(header::CONTENT_TYPE);
@@ -44,17 +56,23 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Payload<T> {
             Some(BodyLimit(l)) => *l,
             None => usize::MAX,
         };
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                Problem::body_too_large(limit)
-            } else {
-                Problem::malformed(e.body_text())
-            }
-        })?;
-        serde_json::from_slice(&bytes)
-            .map(Payload)
-            .map_err(|e| Problem::malformed(format!("the body is not the JSON expected: {e}")))
+        Bytes::from_request(req, state)
+            .await
+            .map(JsonBody)
+            .map_err(|e| {
+                if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    Problem::body_too_large(limit)
+                } else {
+                    Problem::malformed(e.body_text())
+                }
+            })
     }
+}
+
+/// A JSON body read into `T`, or the problem that says why not.
+pub(super) fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, Problem> {
+    serde_json::from_slice(body)
+        .map_err(|e| Problem::malformed(format!("the body is not the JSON expected: {e}")))
 }
 
 /// `application/json` or `type/subtype+json`, any case, with or without

@@ -3,6 +3,7 @@
 //!
 //! - `router`: the routes and the layers around them;
 //! - `extract`: the checked namespace and the JSON body;
+//! - `batch_json`: `begin-batch` bodies of the usual shape, read fast;
 //! - `middleware`: authorization and request metrics;
 //! - `handlers`: the operations, health and the API document;
 //! - `detached`: store operations that outlive a client who leaves;
@@ -10,6 +11,7 @@
 //! - `doc`: the OpenAPI document.
 
 mod auth;
+mod batch_json;
 mod detached;
 mod doc;
 mod extract;
