@@ -325,20 +325,37 @@ impl Inner {
     /// and changes nothing.
     fn begin_many(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
         if self.capacity.is_none() {
-            return items
+            // Each shard is locked once for its items (in their order, so
+            // copies of one key are decided first come, first served),
+            // not once an item: with two workers, a lock taken for every
+            // key moves its cache line between the cores all the time.
+            let n = self.shards.len();
+            let hashes: Vec<KeyHash> = items
                 .iter()
-                .map(|i| {
-                    let hash = KeyHash::of(&self.hasher, &i.key);
-                    let mut shard = self.shard(hash).lock();
-                    self.begin_in(
+                .map(|i| KeyHash::of(&self.hasher, &i.key))
+                .collect();
+            let mut order: Vec<usize> = (0..items.len()).collect();
+            order.sort_by_key(|&i| hashes[i].shard(n));
+            let mut answers: Vec<Option<Result<Begin, StoreError>>> =
+                items.iter().map(|_| None).collect();
+            let mut room = self.no_room();
+            for run in order.chunk_by(|&a, &b| hashes[a].shard(n) == hashes[b].shard(n)) {
+                let mut shard = self.shards[hashes[run[0]].shard(n)].lock();
+                for &i in run {
+                    let item = &items[i];
+                    answers[i] = Some(self.begin_in(
                         &mut shard,
-                        hash,
-                        &i.key,
-                        i.fingerprint,
-                        i.lease,
-                        &mut self.no_room(),
-                    )
-                })
+                        hashes[i],
+                        &item.key,
+                        item.fingerprint,
+                        item.lease,
+                        &mut room,
+                    ));
+                }
+            }
+            return answers
+                .into_iter()
+                .map(|a| a.expect("every item answered"))
                 .collect();
         }
         let hashes: Vec<KeyHash> = items
