@@ -94,23 +94,21 @@ impl Batch {
     /// member the batch waited for.
     fn queue(&self, item: CompleteItem) -> oneshot::Receiver<Result<Fenced, StoreError>> {
         let (reply, answer) = oneshot::channel();
-        let ready = {
-            let mut state = self.state.lock();
-            state.queued.push((item, reply));
-            state.open -= 1;
-            (state.open == 0).then(|| std::mem::take(&mut state.queued))
-        };
-        if let Some(queued) = ready {
-            self.store(queued);
-        }
+        self.depart(Some((item, reply)));
         answer
     }
 
     /// A member leaves without a completion; stores the queue if it was the
     /// last member the batch waited for.
     fn leave(&self) {
+        self.depart(None);
+    }
+
+    /// A member gives up its place, with its completion or without.
+    fn depart(&self, completion: Option<(CompleteItem, Reply)>) {
         let ready = {
             let mut state = self.state.lock();
+            state.queued.extend(completion);
             state.open -= 1;
             (state.open == 0).then(|| std::mem::take(&mut state.queued))
         };
