@@ -98,15 +98,28 @@ impl Fixture {
     }
 
     /// Starts reading the dead-letter topic `%DLQ%GROUP` in a group of its
-    /// own. A marker published first makes sure the topic exists before
-    /// the reader subscribes (a consumer of a missing topic waits 20 s for
-    /// its next rebalance).
+    /// own. The topic is created, and a marker published, before the
+    /// reader subscribes (a consumer of a missing topic waits 20 s for its
+    /// next rebalance). A publish straight after the topic is created can
+    /// be refused while the broker registers it, so the marker is retried
+    /// for up to 10 s.
     pub async fn dead_letter_reader(&self) -> DeadLetters {
         let topic = format!("%DLQ%{}", self.group);
         self.publisher
-            .publish(&topic, MARKER, &[], "marker")
+            .create_topic(&topic, 1)
             .await
-            .expect("the dead-letter topic takes a marker");
+            .expect("the dead-letter topic is created");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.publisher.publish(&topic, MARKER, &[], "marker").await {
+                Ok(_) => break,
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    eprintln!("the dead-letter marker was refused, retrying: {e:?}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("the dead-letter topic takes a marker: {e:?}"),
+            }
+        }
         let url = format!(
             "{}?topic={}&group={}_reader",
             self.url,
