@@ -1,0 +1,254 @@
+//! The brokers a run can use: for each, a fresh queue, stream or topic, the
+//! `--from` URL that `idem consume` reads it with, and a producer.
+//!
+//! Every message's body is `{"key":"k-17","copy":0}` and the consumers take
+//! their key from it (`--key json:/key`), so a producer duplicate is the
+//! same key under a new message id: the broker's own duplicate window (NATS
+//! `Nats-Msg-Id`) does not absorb it, and idem has to.
+
+use std::fmt;
+
+use idem_amqp::{AmqpConfig, AmqpPublisher, AmqpSource};
+use idem_consumer::Message;
+use idem_jetstream::JetStreamPublisher;
+use idem_kafka::KafkaPublisher;
+use idem_redis_streams::{RedisStreamConfig, RedisStreamPublisher};
+use idem_rocketmq::RocketMqPublisher;
+
+use idem_testkit::services;
+
+/// A broker idem consumes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Broker {
+    RedisStreams,
+    Amqp,
+    Nats,
+    Kafka,
+    RocketMq,
+}
+
+impl Broker {
+    pub const ALL: [Broker; 5] = [
+        Broker::RedisStreams,
+        Broker::Amqp,
+        Broker::Nats,
+        Broker::Kafka,
+        Broker::RocketMq,
+    ];
+
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Broker::RedisStreams => "redis-streams",
+            Broker::Amqp => "amqp",
+            Broker::Nats => "nats",
+            Broker::Kafka => "kafka",
+            Broker::RocketMq => "rocketmq",
+        }
+    }
+
+    /// The name in the report.
+    pub fn title(self) -> &'static str {
+        match self {
+            Broker::RedisStreams => "Redis Streams",
+            Broker::Amqp => "RabbitMQ",
+            Broker::Nats => "NATS JetStream",
+            Broker::Kafka => "Kafka (tansu)",
+            Broker::RocketMq => "RocketMQ",
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<Self, String> {
+        Broker::ALL
+            .into_iter()
+            .find(|b| b.name() == name)
+            .ok_or_else(|| {
+                format!(
+                    "unknown broker `{name}`; one of: {}",
+                    Broker::ALL.map(Broker::name).join(", ")
+                )
+            })
+    }
+
+    /// What this test broker cannot do, printed with its rows.
+    pub fn limits(self) -> Option<&'static str> {
+        match self {
+            Broker::Kafka => Some(
+                "tansu 0.6 has no transactions and never gives a dead member's partitions to \
+                 another member: a killed consumer's partitions wait for its restart",
+            ),
+            Broker::RocketMq => Some(
+                "the RocketMQ client cannot set a delay per message: retries wait out the \
+                 broker's delay levels",
+            ),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Broker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A fresh queue, stream or topic on one broker, and a producer for it.
+pub struct Channel {
+    /// `idem consume --from` for it.
+    pub from: String,
+    producer: Producer,
+}
+
+// One a run: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
+enum Producer {
+    Amqp(AmqpPublisher),
+    Nats(JetStreamPublisher, String),
+    RedisStreams(RedisStreamPublisher),
+    Kafka(KafkaPublisher, String),
+    RocketMq(RocketMqPublisher, String),
+}
+
+impl Channel {
+    /// Makes the queue, stream or topic `name` (letters, digits and `_`),
+    /// empty, ready to publish to before any consumer starts.
+    pub async fn open(broker: Broker, name: &str) -> Result<Self, String> {
+        match broker {
+            Broker::Amqp => {
+                let base = services::url(
+                    "IDEM_TEST_AMQP_URL",
+                    "amqp://guest:guest@127.0.0.1:5672/%2f",
+                );
+                let from = format!("{base}?queue={name}");
+                let config = AmqpConfig::from_url(&from).map_err(|e| e.to_string())?;
+                // The source declares the queue (and idem's retry and
+                // dead-letter queues) as `idem consume` will.
+                let source = AmqpSource::connect(config.clone())
+                    .await
+                    .map_err(|e| format!("RabbitMQ: {e}"))?;
+                source.close().await;
+                let publisher = AmqpPublisher::connect(&config)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(Self {
+                    from,
+                    producer: Producer::Amqp(publisher),
+                })
+            }
+            Broker::Nats => {
+                let server = services::url("IDEM_TEST_NATS_URL", "nats://127.0.0.1:4222");
+                let subject = name.to_lowercase();
+                let from = format!(
+                    "{server}?stream={}&consumer=idem&subject={subject}.>",
+                    name.to_uppercase()
+                );
+                let config =
+                    idem_jetstream::JetStreamConfig::from_url(&from).map_err(|e| e.to_string())?;
+                // Connecting makes the stream and the durable consumer.
+                idem_jetstream::JetStreamSource::connect(config)
+                    .await
+                    .map_err(|e| format!("NATS at {server}: {e}"))?;
+                let publisher = JetStreamPublisher::connect(&server)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(Self {
+                    from,
+                    producer: Producer::Nats(publisher, format!("{subject}.new")),
+                })
+            }
+            Broker::RedisStreams => {
+                let redis = services::url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+                let from = format!("{redis}?stream={name}&group=idem");
+                let config = RedisStreamConfig::from_url(&from).map_err(|e| e.to_string())?;
+                // Connecting makes the group, from the stream's start.
+                idem_redis_streams::RedisStreamSource::connect(config.clone())
+                    .await
+                    .map_err(|e| format!("Redis at {redis}: {e}"))?;
+                let publisher = RedisStreamPublisher::connect(&config)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(Self {
+                    from,
+                    producer: Producer::RedisStreams(publisher),
+                })
+            }
+            Broker::Kafka => {
+                let brokers = services::url("IDEM_TEST_KAFKA_URL", "127.0.0.1:9092");
+                let from =
+                    format!("kafka://{brokers}?topic={name}&group={name}_group&partitions=4");
+                let config = idem_kafka::KafkaConfig::from_url(&from).map_err(|e| e.to_string())?;
+                // Connecting makes the topic and its retry topics.
+                let source = idem_kafka::KafkaSource::connect(config)
+                    .await
+                    .map_err(|e| format!("Kafka at {brokers}: {e}"))?;
+                source.close().await;
+                // One record per batch, for the test broker.
+                let publisher = KafkaPublisher::with_properties(
+                    &brokers,
+                    &[("linger.ms", "0"), ("batch.num.messages", "1")],
+                )
+                .map_err(|e| e.to_string())?;
+                Ok(Self {
+                    from,
+                    producer: Producer::Kafka(publisher, name.to_owned()),
+                })
+            }
+            Broker::RocketMq => {
+                let base = services::url("IDEM_TEST_ROCKETMQ_URL", "rocketmq://127.0.0.1:9876");
+                let publisher = RocketMqPublisher::connect(&base)
+                    .await
+                    .map_err(|e| format!("RocketMQ at {base}: {e}"))?;
+                publisher
+                    .create_topic(name, 4)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(Self {
+                    from: format!("{base}?topic={name}&group={name}_group"),
+                    producer: Producer::RocketMq(publisher, name.to_owned()),
+                })
+            }
+        }
+    }
+
+    /// Publishes copy `copy` of the message with key `key` and waits for
+    /// the broker to take it.
+    pub async fn publish(&self, key: &str, copy: u32) -> Result<(), String> {
+        let id = format!("{key}/{copy}");
+        let body = format!(r#"{{"key":"{key}","copy":{copy}}}"#);
+        let message = || {
+            let mut m = Message::new(body.clone());
+            m.id = Some(id.clone());
+            m.content_type = Some("application/json".into());
+            m
+        };
+        match &self.producer {
+            Producer::Amqp(p) => p.publish(&message()).await.map_err(|e| e.to_string()),
+            Producer::Nats(p, subject) => p
+                .publish(subject, &id, &[], body.clone())
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            Producer::RedisStreams(p) => p
+                .publish(&message())
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            Producer::Kafka(p, topic) => p
+                .publish(topic, None, Some(key.as_bytes()), &id, &[], body.as_bytes())
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            Producer::RocketMq(p, topic) => p
+                .publish(topic, &id, &[], body.clone())
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
+        }
+    }
+
+    pub async fn close(self) {
+        if let Producer::RocketMq(p, _) = self.producer {
+            p.shutdown().await;
+        }
+    }
+}

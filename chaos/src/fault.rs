@@ -1,0 +1,218 @@
+//! The faults a run injects, and when.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+
+use crate::store::StoreKind;
+
+/// One kind of fault, injected a few times in a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Nothing: the baseline.
+    None,
+    /// The producer sends messages again: right after the original, while
+    /// the original is being handled, and after it completed.
+    Duplicates,
+    /// `kill -9` of a consumer after `begin`, before the effect.
+    KillAfterBegin,
+    /// `kill -9` after the effect, before `complete`.
+    KillAfterEffect,
+    /// `kill -9` just after the handler answered: between `complete` and
+    /// the ack, or before `complete` lands.
+    KillAfterAnswer,
+    /// `kill -9` while a message is in its retry chain (its first attempt
+    /// failed, the kill comes in the second).
+    KillInRetry,
+    /// `SIGSTOP` of a consumer mid-call past its lease, another consumer
+    /// takes the key over, then `SIGCONT`: the stopped one's write comes
+    /// late with a stale token.
+    Zombie,
+    /// The store's server killed and started again mid-run.
+    StoreRestart,
+}
+
+impl Fault {
+    pub const ALL: [Fault; 8] = [
+        Fault::None,
+        Fault::Duplicates,
+        Fault::KillAfterBegin,
+        Fault::KillAfterEffect,
+        Fault::KillAfterAnswer,
+        Fault::KillInRetry,
+        Fault::Zombie,
+        Fault::StoreRestart,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::None => "none",
+            Fault::Duplicates => "duplicates",
+            Fault::KillAfterBegin => "kill-after-begin",
+            Fault::KillAfterEffect => "kill-after-effect",
+            Fault::KillAfterAnswer => "kill-after-answer",
+            Fault::KillInRetry => "kill-in-retry",
+            Fault::Zombie => "zombie",
+            Fault::StoreRestart => "store-restart",
+        }
+    }
+
+    /// What the report says the fault is.
+    pub fn title(self) -> &'static str {
+        match self {
+            Fault::None => "none",
+            Fault::Duplicates => "producer duplicates (before, during, after)",
+            Fault::KillAfterBegin => "kill -9 after begin",
+            Fault::KillAfterEffect => "kill -9 after the effect, before complete",
+            Fault::KillAfterAnswer => "kill -9 after the answer (around complete and ack)",
+            Fault::KillInRetry => "kill -9 in a retry chain",
+            Fault::Zombie => "SIGSTOP past the lease, then SIGCONT",
+            Fault::StoreRestart => "store restart",
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<Self, String> {
+        Fault::ALL
+            .into_iter()
+            .find(|f| f.name() == name)
+            .ok_or_else(|| {
+                format!(
+                    "unknown fault `{name}`; one of: {}",
+                    Fault::ALL.map(Fault::name).join(", ")
+                )
+            })
+    }
+
+    /// Why the fault cannot run on `store`, if it cannot.
+    pub fn unfit(self, store: StoreKind) -> Option<&'static str> {
+        match self {
+            Fault::Zombie if !store.shared() => {
+                Some("needs a second consumer on the same store to take the key over")
+            }
+            Fault::StoreRestart if !store.restartable() => {
+                Some("the run can restart only a store server of its own (Redis)")
+            }
+            Fault::KillAfterBegin
+            | Fault::KillAfterEffect
+            | Fault::KillAfterAnswer
+            | Fault::KillInRetry
+                if store == StoreKind::Memory =>
+            {
+                Some("a killed process takes the memory store with it")
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether the fault is injected at handler calls (the rest are timed
+    /// by the run).
+    fn at_calls(self) -> bool {
+        matches!(
+            self,
+            Fault::KillAfterBegin
+                | Fault::KillAfterEffect
+                | Fault::KillAfterAnswer
+                | Fault::KillInRetry
+                | Fault::Zombie
+        )
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What the sink does with one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Apply the write and answer; with `duplicate`, also have another
+    /// copy of the message published (a producer duplicate while the
+    /// original is being handled).
+    Apply {
+        duplicate: bool,
+    },
+    /// Answer 503: the handler failed, the message is retried.
+    Fail,
+    KillBeforeEffect,
+    KillAfterEffect,
+    KillAfterAnswer,
+    Zombie,
+}
+
+impl Action {
+    pub fn is_fault(self) -> bool {
+        !matches!(self, Action::Apply { .. })
+    }
+}
+
+/// When a run's faults happen: at evenly spaced handler calls.
+#[derive(Default)]
+pub struct Plan {
+    fault: Option<Fault>,
+    /// Call numbers at which the next fault is injected.
+    at: VecDeque<u64>,
+    /// Keys whose first attempt failed, waiting for their retry's kill.
+    retrying: HashMap<String, bool>,
+    /// A consumer is stopped: the next stop waits, so that another
+    /// consumer is always there to take the key over.
+    stopped: bool,
+}
+
+impl Plan {
+    /// `times` faults of kind `fault` spread over a run of `messages`.
+    pub fn new(fault: Fault, messages: usize, times: usize) -> Self {
+        let at = if fault.at_calls() {
+            let step = messages as u64 / (times as u64 + 1);
+            (1..=times as u64).map(|i| i * step.max(1)).collect()
+        } else {
+            VecDeque::new()
+        };
+        Self {
+            fault: Some(fault),
+            at,
+            retrying: HashMap::new(),
+            stopped: false,
+        }
+    }
+
+    /// The stopped consumer runs again.
+    pub fn resumed(&mut self) {
+        self.stopped = false;
+    }
+
+    /// The action for call number `index`, of `key` at `attempt`; `first`
+    /// when it is the key's first call.
+    pub fn action(&mut self, index: u64, key: &str, attempt: u32, first: bool) -> Action {
+        let Some(fault) = self.fault else {
+            return Action::Apply { duplicate: false };
+        };
+        if fault == Fault::KillInRetry && attempt >= 2 && self.retrying.get(key) == Some(&false) {
+            self.retrying.insert(key.to_owned(), true);
+            return Action::KillBeforeEffect;
+        }
+        let due = self.at.front().is_some_and(|at| index >= *at)
+            && !(fault == Fault::Zombie && self.stopped);
+        // A key already hit by a fault is left alone, so that each fault
+        // lands on a fresh key.
+        if due && first {
+            self.at.pop_front();
+            return match fault {
+                Fault::KillAfterBegin => Action::KillBeforeEffect,
+                Fault::KillAfterEffect => Action::KillAfterEffect,
+                Fault::KillAfterAnswer => Action::KillAfterAnswer,
+                Fault::KillInRetry => {
+                    self.retrying.insert(key.to_owned(), false);
+                    Action::Fail
+                }
+                Fault::Zombie => {
+                    self.stopped = true;
+                    Action::Zombie
+                }
+                _ => Action::Apply { duplicate: false },
+            };
+        }
+        let duplicate = fault == Fault::Duplicates && first && index % 10 == 3;
+        Action::Apply { duplicate }
+    }
+}

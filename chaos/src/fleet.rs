@@ -1,0 +1,193 @@
+//! The consumers: `idem consume` processes, one per slot, restarted after a
+//! kill as an orchestrator would.
+
+use std::collections::HashMap;
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::sink::signal;
+
+/// The consumer processes, shared with the sink (which kills and stops
+/// them). Each process started gets a number of its own, its incarnation,
+/// which is in its handler URL: a call says which process made it, even
+/// one that arrives after its process was killed.
+#[derive(Clone, Default)]
+pub struct Procs(Arc<Mutex<ProcTable>>);
+
+#[derive(Default)]
+struct ProcTable {
+    /// Each slot's running incarnation.
+    running: Vec<Option<u32>>,
+    /// Each incarnation's pid.
+    pids: HashMap<u32, u32>,
+    next: u32,
+}
+
+impl Procs {
+    /// The pid of incarnation `process`, if it is the one running in
+    /// `slot`.
+    pub fn running(&self, slot: usize, process: u32) -> Option<u32> {
+        let t = self.0.lock();
+        (t.running.get(slot).copied().flatten() == Some(process))
+            .then(|| t.pids.get(&process).copied())
+            .flatten()
+    }
+
+    /// Forgets incarnation `process` as `slot`'s running one.
+    pub fn clear(&self, slot: usize, process: u32) {
+        let mut t = self.0.lock();
+        if let Some(p) = t.running.get_mut(slot)
+            && *p == Some(process)
+        {
+            *p = None;
+        }
+    }
+
+    /// No process runs in `slot`.
+    fn forget(&self, slot: usize) {
+        if let Some(p) = self.0.lock().running.get_mut(slot) {
+            *p = None;
+        }
+    }
+
+    /// A new incarnation for `slot`, not yet running.
+    fn next(&self) -> u32 {
+        let mut t = self.0.lock();
+        t.next += 1;
+        t.next
+    }
+
+    fn started(&self, slot: usize, process: u32, pid: Option<u32>) {
+        let mut t = self.0.lock();
+        if t.running.len() <= slot {
+            t.running.resize(slot + 1, None);
+        }
+        t.running[slot] = Some(process);
+        if let Some(pid) = pid {
+            t.pids.insert(process, pid);
+        }
+    }
+}
+
+/// The consumer processes of a run.
+pub struct Fleet {
+    bin: PathBuf,
+    /// Arguments for every slot.
+    args: Vec<String>,
+    /// The handler URL without `/{slot}/{incarnation}`.
+    to: String,
+    logs: PathBuf,
+    children: Vec<Option<Child>>,
+    pub procs: Procs,
+    /// Processes started, restarts included.
+    pub started: u32,
+}
+
+impl Fleet {
+    /// `slots` consumers running `bin` with `args` and `--to TO/SLOT/N`.
+    pub fn new(
+        bin: &Path,
+        args: Vec<String>,
+        to: String,
+        slots: usize,
+        logs: &Path,
+        procs: Procs,
+    ) -> Self {
+        Self {
+            bin: bin.to_owned(),
+            children: (0..slots).map(|_| None).collect(),
+            args,
+            to,
+            logs: logs.to_owned(),
+            procs,
+            started: 0,
+        }
+    }
+
+    /// Starts every slot and waits until each has printed its ready line.
+    pub async fn start(&mut self) -> Result<(), String> {
+        for slot in 0..self.children.len() {
+            self.spawn(slot, true).await?;
+        }
+        Ok(())
+    }
+
+    /// Starts slot `slot` again after its process was killed.
+    pub async fn restart(&mut self, slot: usize) -> Result<(), String> {
+        if let Some(mut old) = self.children[slot].take() {
+            let _ = old.wait().await;
+        }
+        self.spawn(slot, false).await
+    }
+
+    async fn spawn(&mut self, slot: usize, wait_ready: bool) -> Result<(), String> {
+        let log = self.logs.join(format!("consumer-{slot}.log"));
+        let stderr = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|e| format!("{}: {e}", log.display()))?;
+        let process = self.procs.next();
+        let mut child = Command::new(&self.bin)
+            .args(&self.args)
+            .arg("--to")
+            .arg(format!("{}/{slot}/{process}", self.to))
+            .env_remove("IDEM_CONFIG")
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("{} does not start: {e}", self.bin.display()))?;
+        self.started += 1;
+        self.procs.started(slot, process, child.id());
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut lines = BufReader::new(stdout).lines();
+        if wait_ready {
+            match tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await {
+                Ok(Ok(Some(_))) => {}
+                _ => {
+                    let _ = child.kill().await;
+                    let tail = std::fs::read_to_string(&log).unwrap_or_default();
+                    let tail: Vec<&str> = tail.lines().rev().take(5).collect();
+                    return Err(format!(
+                        "consumer {slot} printed no ready line within 60 s; its log ends: {}",
+                        tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                    ));
+                }
+            }
+        }
+        // Keep reading so the process never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        self.children[slot] = Some(child);
+        Ok(())
+    }
+
+    /// SIGTERM to every consumer, then waits for each to exit (SIGKILL
+    /// after `grace`); answers how many needed the SIGKILL.
+    pub async fn stop(&mut self, grace: Duration) -> usize {
+        let mut forced = 0;
+        for (slot, child) in self.children.iter_mut().enumerate() {
+            let Some(mut child) = child.take() else {
+                continue;
+            };
+            if let Some(pid) = child.id() {
+                // A stopped process would never see the SIGTERM.
+                signal(pid, libc::SIGCONT);
+                signal(pid, libc::SIGTERM);
+            }
+            if tokio::time::timeout(grace, child.wait()).await.is_err() {
+                forced += 1;
+                let _ = child.kill().await;
+            }
+            self.procs.forget(slot);
+        }
+        forced
+    }
+}

@@ -1,0 +1,452 @@
+//! The checks on a run's history: nothing lost, every double effect
+//! explained by a fault, the fenced sink at one effect a key where fencing
+//! is the defence, tokens increasing per key, never two live holders.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::broker::Broker;
+use crate::fault::Fault;
+use crate::sink::{Call, End, Ledger};
+use crate::store::StoreKind;
+
+/// How long a claim may take to reach the sink after `begin`: a second
+/// holder that arrives before the first one's call plus the lease, less
+/// this, took the key over while the first still held it.
+const BEGIN_TO_CALL: Duration = Duration::from_millis(250);
+
+/// What one run showed.
+#[derive(Clone, Debug, Serialize)]
+pub struct Outcome {
+    pub broker: &'static str,
+    pub store: &'static str,
+    pub fault: &'static str,
+    pub consumers: usize,
+    /// Distinct messages published.
+    pub sent: usize,
+    /// Extra copies the producer published.
+    pub duplicates: u64,
+    /// Faults injected.
+    pub injected: u64,
+    /// Handler calls.
+    pub calls: u64,
+    /// Writes the plain sink applied.
+    pub effects: u64,
+    /// Messages without an effect at the end.
+    pub lost: usize,
+    /// Plain-sink writes beyond the first of their key.
+    pub doubled_plain: u64,
+    /// Of those, how many no injected fault explains.
+    pub unexplained: u64,
+    /// Fenced-sink writes beyond the first of their key.
+    pub doubled_fenced: u64,
+    /// Of those, how many no kill or wipe explains: a stopped holder's
+    /// late write the fenced sink took before the new holder's.
+    pub unexplained_fenced: u64,
+    /// Writes the fenced sink refused (a stale token).
+    pub refused: u64,
+    /// Calls whose token was not above every earlier call's of their key.
+    pub token_order: u64,
+    /// Calls that arrived while another holder's lease was certainly live.
+    pub two_holders: u64,
+    /// Longest time from a kill or stop to the next call of a key it held,
+    /// in ms: how long a stuck `in_progress` record took to recover.
+    pub recover_ms: Option<u64>,
+    /// Consumers that did not stop within the grace at the end.
+    pub forced_stops: usize,
+    pub seconds: f64,
+    /// Up to ten examples of what went wrong.
+    pub problems: Vec<String>,
+    /// The command that runs this row again.
+    pub command: String,
+    /// What this broker cannot do, said beside its rows.
+    pub limits: Option<&'static str>,
+}
+
+impl Outcome {
+    /// The figures of the report's columns after the run's names, each
+    /// with its label.
+    pub fn figures(&self) -> [(&'static str, String); 11] {
+        [
+            ("consumers", self.consumers.to_string()),
+            ("sent", self.sent.to_string()),
+            ("copies", self.duplicates.to_string()),
+            ("faults", self.injected.to_string()),
+            ("effects", self.effects.to_string()),
+            ("lost", self.lost.to_string()),
+            (
+                "doubled (unexplained)",
+                format!("{} ({})", self.doubled_plain, self.unexplained),
+            ),
+            (
+                "fenced doubled (unexplained)",
+                format!("{} ({})", self.doubled_fenced, self.unexplained_fenced),
+            ),
+            ("stale refused", self.refused.to_string()),
+            (
+                "recovery ms",
+                self.recover_ms.map_or("—".into(), |m| m.to_string()),
+            ),
+            ("s", format!("{:.1}", self.seconds)),
+        ]
+    }
+
+    /// Whether the run kept idem's promise: nothing lost, every double
+    /// explained, the fenced sink single where fencing is the defence,
+    /// tokens in order, one live holder at a time.
+    pub fn passed(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// What the run knew besides the ledger.
+pub struct Run {
+    pub broker: Broker,
+    pub store: StoreKind,
+    pub fault: Fault,
+    pub consumers: usize,
+    pub keys: Vec<String>,
+    pub duplicates: u64,
+    pub lease: Duration,
+    pub forced_stops: usize,
+    pub elapsed: Duration,
+    pub command: String,
+}
+
+/// Checks the history of `run`.
+pub fn judge(run: &Run, ledger: &Ledger) -> Outcome {
+    let mut o = Outcome {
+        broker: run.broker.title(),
+        store: run.store.title(),
+        fault: run.fault.title(),
+        consumers: run.consumers,
+        sent: run.keys.len(),
+        duplicates: run.duplicates,
+        injected: ledger.injected,
+        calls: ledger.calls,
+        effects: 0,
+        lost: 0,
+        doubled_plain: 0,
+        unexplained: 0,
+        doubled_fenced: 0,
+        unexplained_fenced: 0,
+        refused: 0,
+        token_order: 0,
+        two_holders: 0,
+        recover_ms: None,
+        forced_stops: run.forced_stops,
+        seconds: run.elapsed.as_secs_f64(),
+        problems: Vec::new(),
+        command: run.command.clone(),
+        limits: run.broker.limits(),
+    };
+    let problem = |o: &mut Outcome, text: String| {
+        if o.problems.len() < 10 {
+            o.problems.push(text);
+        }
+    };
+    for key in &run.keys {
+        let Some(calls) = ledger.keys.get(key) else {
+            o.lost += 1;
+            problem(&mut o, format!("{key}: never handled"));
+            continue;
+        };
+        if !calls.iter().any(|c| c.effect) {
+            o.lost += 1;
+            problem(&mut o, format!("{key}: {} calls, no effect", calls.len()));
+        }
+    }
+    for (key, calls) in &ledger.keys {
+        let mut order: Vec<&Call> = calls.iter().collect();
+        order.sort_by_key(|c| c.arrived);
+        // Effects, in the order they were applied.
+        let mut effects: Vec<&Call> = order.iter().copied().filter(|c| c.effect).collect();
+        effects.sort_by_key(|c| c.ended.unwrap_or(c.arrived));
+        o.effects += effects.len() as u64;
+        for pair in effects.windows(2) {
+            o.doubled_plain += 1;
+            if !explained(ledger, pair[0], pair[1]) {
+                o.unexplained += 1;
+                problem(
+                    &mut o,
+                    format!(
+                        "{key}: effect again (token {} after {}) with no fault to explain it",
+                        pair[1].token, pair[0].token
+                    ),
+                );
+            }
+        }
+        let mut fenced: Vec<&Call> = effects.iter().copied().filter(|c| c.fenced).collect();
+        fenced.sort_by_key(|c| c.ended.unwrap_or(c.arrived));
+        for pair in fenced.windows(2) {
+            o.doubled_fenced += 1;
+            if !explained_fenced(ledger, pair[0], pair[1]) {
+                o.unexplained_fenced += 1;
+                problem(
+                    &mut o,
+                    format!(
+                        "{key}: the fenced sink took token {} after token {}, a stopped holder's late write",
+                        pair[1].token, pair[0].token
+                    ),
+                );
+            }
+        }
+        o.refused += calls.iter().filter(|c| c.effect && !c.fenced).count() as u64;
+
+        let mut top = None;
+        for c in &order {
+            if top.is_some_and(|t| c.token <= t) {
+                o.token_order += 1;
+                problem(
+                    &mut o,
+                    format!("{key}: token {} after {}", c.token, top.unwrap_or(0)),
+                );
+            }
+            top = top.max(Some(c.token));
+        }
+        for (i, a) in order.iter().enumerate() {
+            for b in &order[i + 1..] {
+                if overlaps(ledger, run.lease, a, b) {
+                    o.two_holders += 1;
+                    problem(
+                        &mut o,
+                        format!(
+                            "{key}: token {} (consumer {}, attempt {}) called {:?} after token {} (consumer {}), whose lease was live",
+                            b.token,
+                            b.slot,
+                            b.attempt,
+                            b.arrived - a.arrived,
+                            a.token,
+                            a.slot
+                        ),
+                    );
+                }
+            }
+        }
+    }
+    o.recover_ms = recovery(ledger).map(|d| d.as_millis() as u64);
+    o
+}
+
+/// Whether a fault explains `later` applying its key's effect again after
+/// `earlier`: the earlier holder's process was killed before the later
+/// write (a call its process sent just before the kill can reach the sink
+/// after it, and never be completed), or stopped, or the store lost its
+/// records in between.
+fn explained(ledger: &Ledger, earlier: &Call, later: &Call) -> bool {
+    let from = earlier.arrived;
+    let to = later.ended.unwrap_or(later.arrived);
+    ledger
+        .kills
+        .iter()
+        .any(|&(p, at)| p == earlier.process && at <= to)
+        || ledger
+            .stops
+            .iter()
+            .any(|&(p, _, _)| p == earlier.process || p == later.process)
+        || ledger.wipes.iter().any(|&at| at >= from && at <= to)
+}
+
+/// Whether a fault explains the fenced sink taking `later` after
+/// `earlier`: the earlier holder was killed after its write, or the store
+/// lost its records, or the earlier holder was stopped after its write had
+/// landed (so it could not complete: a crash, as far as the key knows). A
+/// stopped holder's write that lands late must be refused once the next
+/// holder has written: the zombie fault makes sure it has.
+fn explained_fenced(ledger: &Ledger, earlier: &Call, later: &Call) -> bool {
+    let from = earlier.arrived;
+    let to = later.ended.unwrap_or(later.arrived);
+    let written = earlier.ended.unwrap_or(to);
+    ledger
+        .kills
+        .iter()
+        .any(|&(p, at)| p == earlier.process && at <= to)
+        || ledger.wipes.iter().any(|&at| at >= from && at <= to)
+        || ledger
+            .stops
+            .iter()
+            .any(|&(p, stopped, _)| p == earlier.process && written <= stopped)
+}
+
+/// Whether `b` was called while `a`'s holder certainly still held the key:
+/// `a` still open, its process neither killed nor stopped, and `b` inside
+/// `a`'s first lease.
+fn overlaps(ledger: &Ledger, lease: Duration, a: &Call, b: &Call) -> bool {
+    let open = a.end == End::InFlight || a.ended.is_some_and(|e| e > b.arrived);
+    let stopped = ledger.stops.iter().any(|&(p, _, _)| p == a.process);
+    open && !stopped && b.arrived + BEGIN_TO_CALL < a.arrived + lease
+}
+
+/// The longest time from a kill or a stop to the next call of a key whose
+/// call it cut.
+fn recovery(ledger: &Ledger) -> Option<Duration> {
+    let mut longest = None;
+    for calls in ledger.keys.values() {
+        for c in calls {
+            let cut = match c.end {
+                End::Killed => c.ended,
+                _ => ledger
+                    .stops
+                    .iter()
+                    .find(|&&(p, from, _)| p == c.process && from >= c.arrived)
+                    .filter(|&&(_, from, _)| c.ended.is_none_or(|e| e >= from))
+                    .map(|&(_, from, _)| from),
+            };
+            let Some(cut) = cut else { continue };
+            if let Some(next) = calls
+                .iter()
+                .filter(|n| n.arrived > cut && n.process != c.process)
+                .map(|n| n.arrived)
+                .min()
+            {
+                longest = longest.max(Some(next - cut));
+            }
+        }
+    }
+    longest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(2);
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// A call of `process` with `token`, open from `from` to `to` ms, its
+    /// write applied (and taken by the fenced sink when `fenced`).
+    fn call(process: u32, token: u64, from: u64, to: u64, fenced: bool) -> Call {
+        Call {
+            slot: 0,
+            process,
+            token,
+            attempt: 1,
+            arrived: ms(from),
+            ended: Some(ms(to)),
+            end: End::Answered(200),
+            effect: true,
+            fenced,
+        }
+    }
+
+    fn judged(fault: Fault, keys: &[&str], ledger: &Ledger) -> Outcome {
+        let run = Run {
+            broker: Broker::RedisStreams,
+            store: StoreKind::Redis,
+            fault,
+            consumers: 2,
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+            duplicates: 0,
+            lease: LEASE,
+            forced_stops: 0,
+            elapsed: ms(1000),
+            command: String::new(),
+        };
+        judge(&run, ledger)
+    }
+
+    fn ledger(calls: &[(&str, Call)]) -> Ledger {
+        let mut l = Ledger::default();
+        for (key, c) in calls {
+            l.keys.entry(key.to_string()).or_default().push(c.clone());
+        }
+        l
+    }
+
+    #[test]
+    fn a_clean_history_passes() {
+        let l = ledger(&[
+            ("a", call(1, 10, 0, 5, true)),
+            ("b", call(2, 11, 0, 5, true)),
+        ]);
+        let o = judged(Fault::None, &["a", "b"], &l);
+        assert!(o.passed(), "{:?}", o.problems);
+        assert_eq!((o.effects, o.lost, o.doubled_plain), (2, 0, 0));
+    }
+
+    #[test]
+    fn a_message_without_an_effect_is_lost() {
+        let l = ledger(&[("a", call(1, 10, 0, 5, true))]);
+        let o = judged(Fault::None, &["a", "b"], &l);
+        assert_eq!(o.lost, 1);
+        assert!(!o.passed());
+    }
+
+    #[test]
+    fn a_double_effect_with_no_fault_behind_it_fails() {
+        let l = ledger(&[
+            ("a", call(1, 10, 0, 5, true)),
+            ("a", call(2, 20, 3000, 3005, true)),
+        ]);
+        let o = judged(Fault::None, &["a"], &l);
+        assert_eq!((o.doubled_plain, o.unexplained), (1, 1));
+        assert_eq!((o.doubled_fenced, o.unexplained_fenced), (1, 1));
+        assert!(!o.passed());
+    }
+
+    #[test]
+    fn a_double_effect_after_its_holder_was_killed_is_explained() {
+        let mut l = ledger(&[
+            ("a", call(1, 10, 0, 5, true)),
+            ("a", call(2, 20, 3000, 3005, true)),
+        ]);
+        l.kills.push((1, ms(10)));
+        let o = judged(Fault::KillAfterEffect, &["a"], &l);
+        assert_eq!((o.doubled_plain, o.unexplained), (1, 0));
+        assert!(o.passed(), "{:?}", o.problems);
+    }
+
+    #[test]
+    fn a_token_not_above_the_last_fails() {
+        let mut l = ledger(&[
+            ("a", call(1, 20, 0, 5, false)),
+            ("a", call(2, 20, 3000, 3005, true)),
+        ]);
+        l.keys.get_mut("a").unwrap()[0].effect = false;
+        let o = judged(Fault::None, &["a"], &l);
+        assert_eq!(o.token_order, 1);
+        assert!(!o.passed());
+    }
+
+    #[test]
+    fn a_second_holder_within_the_first_lease_fails() {
+        let mut l = ledger(&[
+            ("a", call(1, 10, 0, 1500, true)),
+            ("a", call(2, 20, 500, 505, false)),
+        ]);
+        l.keys.get_mut("a").unwrap()[1].effect = false;
+        let o = judged(Fault::None, &["a"], &l);
+        assert_eq!(o.two_holders, 1);
+        assert!(!o.passed());
+    }
+
+    #[test]
+    fn a_stopped_holder_past_its_lease_is_not_a_second_live_holder() {
+        let mut l = ledger(&[
+            ("a", call(1, 10, 0, 4000, false)),
+            ("a", call(2, 20, 2600, 2605, true)),
+        ]);
+        l.stops.push((1, ms(1), Some(ms(4000))));
+        let o = judged(Fault::Zombie, &["a"], &l);
+        assert_eq!((o.two_holders, o.refused, o.doubled_fenced), (0, 1, 0));
+        assert!(o.passed(), "{:?}", o.problems);
+    }
+
+    #[test]
+    fn the_fenced_sink_taking_a_late_write_before_the_new_holders_fails() {
+        // The stopped holder's write lands (4000) before the next holder's
+        // (5000): both taken, and nothing but fencing was there to stop it.
+        let mut l = ledger(&[
+            ("a", call(1, 10, 0, 4000, true)),
+            ("a", call(2, 20, 2600, 5000, true)),
+        ]);
+        l.stops.push((1, ms(1), Some(ms(4000))));
+        let o = judged(Fault::Zombie, &["a"], &l);
+        assert_eq!(o.unexplained_fenced, 1);
+        assert!(!o.passed());
+    }
+}

@@ -1,0 +1,299 @@
+//! `idem-chaos`: idem's promise checked under failure. Each run starts a
+//! real broker's queue, several `idem consume` processes on one store, a
+//! producer and a recording sink (the consumers' HTTP handler), injects one
+//! kind of fault while the messages flow, and checks the history: nothing
+//! lost, every double effect explained by a fault, a fenced sink at one
+//! effect a key where fencing is the defence, tokens increasing per key,
+//! never two live holders. See RELIABILITY.md.
+//!
+//! ```text
+//! idem-chaos run --broker amqp --store postgres --fault kill-after-effect
+//! idem-chaos suite [--long] [--write RELIABILITY.md]
+//! ```
+
+mod broker;
+mod fault;
+mod fleet;
+mod history;
+mod report;
+mod scenario;
+mod sink;
+mod store;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use broker::Broker;
+use fault::Fault;
+use history::Outcome;
+use scenario::Spec;
+use store::StoreKind;
+
+#[derive(Parser)]
+#[command(
+    name = "idem-chaos",
+    about = "Runs idem consume under faults against real brokers and stores, and checks the history"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// The idem binary the consumers run [default: `idem` beside this
+    /// program].
+    #[arg(long, global = true, env = "IDEM_CHAOS_IDEM", value_name = "PATH")]
+    idem: Option<PathBuf>,
+    /// Print each row as a JSON line on stdout.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// One broker, one store, one fault.
+    Run {
+        /// redis-streams, amqp, nats, kafka or rocketmq.
+        #[arg(long)]
+        broker: String,
+        /// memory, file, tiered, redis (a server of the run's own, no
+        /// persistence), redis-aof (appendfsync always), postgres or
+        /// mariadb.
+        #[arg(long)]
+        store: String,
+        /// none, duplicates, kill-after-begin, kill-after-effect,
+        /// kill-after-answer, kill-in-retry, zombie or store-restart.
+        #[arg(long, default_value = "none")]
+        fault: String,
+        /// Distinct messages published.
+        #[arg(long, default_value_t = 500)]
+        messages: usize,
+        /// Consumer processes (1 on the memory, file and tiered stores).
+        #[arg(long, default_value_t = 3)]
+        consumers: usize,
+        /// The lease each claim takes, in ms.
+        #[arg(long, default_value_t = 2000)]
+        lease_ms: u64,
+        /// How many times the fault is injected.
+        #[arg(long, default_value_t = 3)]
+        times: usize,
+        /// Give up waiting for the messages after this many seconds.
+        #[arg(long, default_value_t = 120)]
+        deadline_s: u64,
+    },
+    /// A matrix of runs: the short one (a few minutes, what CI runs) or,
+    /// with --long, every broker, store and fault that fit together.
+    Suite {
+        #[arg(long)]
+        long: bool,
+        /// Write the table into this file, between its chaos markers.
+        #[arg(long, value_name = "FILE")]
+        write: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let idem = match cli.idem.clone().map_or_else(beside_this_program, Ok) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("idem-chaos: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime");
+    let specs = match specs(&cli.command) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("idem-chaos: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut rows = Vec::new();
+    let mut skipped = Vec::new();
+    let mut errors = 0;
+    for spec in &specs {
+        if let Some(why) = spec.unfit() {
+            skipped.push(format!(
+                "{} / {} / {}: {why}",
+                spec.broker.title(),
+                spec.store.title(),
+                spec.fault.name()
+            ));
+            continue;
+        }
+        eprintln!("run: {}", spec.command());
+        match rt.block_on(scenario::run(spec, &idem)) {
+            Ok(o) => {
+                eprintln!("  {}", summary(&o));
+                if cli.json {
+                    println!(
+                        "{}",
+                        serde_json::to_string(&o).expect("an outcome serialises")
+                    );
+                }
+                rows.push(o);
+            }
+            Err(e) => {
+                errors += 1;
+                eprintln!("  could not run: {e}");
+                if !idem_testkit::services::required() {
+                    eprintln!("  (skipped: start the service, or set its IDEM_TEST_*_URL)");
+                    errors -= 1;
+                }
+            }
+        }
+    }
+    if let Command::Suite {
+        write: Some(path),
+        long,
+    } = &cli.command
+    {
+        let command = format!("idem-chaos suite{}", if *long { " --long" } else { "" });
+        let machine = format!(
+            "{} cores, load average {}",
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            std::fs::read_to_string("/proc/loadavg")
+                .unwrap_or_default()
+                .split(' ')
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        let section = report::markdown(&rows, &skipped, &command, &machine);
+        if let Err(e) = report::write(path, &section) {
+            eprintln!("idem-chaos: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let failed = rows.iter().filter(|o| !o.passed()).count();
+    eprintln!(
+        "{} runs: {} passed, {failed} failed, {errors} could not run, {} do not fit",
+        rows.len() + errors,
+        rows.len() - failed,
+        skipped.len()
+    );
+    if failed + errors > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// `idem` in this program's directory (`target/debug/idem` beside
+/// `target/debug/idem-chaos`).
+fn beside_this_program() -> Result<PathBuf, String> {
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let idem = me.with_file_name("idem");
+    if idem.is_file() {
+        Ok(idem)
+    } else {
+        Err(format!(
+            "no idem binary at {}: build it (cargo build -p idem-server) or pass --idem PATH",
+            idem.display()
+        ))
+    }
+}
+
+fn specs(command: &Command) -> Result<Vec<Spec>, String> {
+    match command {
+        Command::Run {
+            broker,
+            store,
+            fault,
+            messages,
+            consumers,
+            lease_ms,
+            times,
+            deadline_s,
+        } => Ok(vec![Spec {
+            broker: Broker::parse(broker)?,
+            store: StoreKind::parse(store)?,
+            fault: Fault::parse(fault)?,
+            messages: *messages,
+            consumers: *consumers,
+            lease: Duration::from_millis(*lease_ms),
+            times: *times,
+            deadline: Duration::from_secs(*deadline_s),
+        }]),
+        Command::Suite { long: false, .. } => Ok(short()),
+        Command::Suite { long: true, .. } => Ok(long()),
+    }
+}
+
+fn spec(broker: Broker, store: StoreKind, fault: Fault, messages: usize) -> Spec {
+    Spec {
+        broker,
+        store,
+        fault,
+        messages,
+        consumers: 3,
+        lease: Duration::from_secs(2),
+        times: 3,
+        deadline: Duration::from_secs(120),
+    }
+}
+
+/// CI's matrix: every fault on Redis Streams with the Redis store, and a
+/// few on the other brokers and stores.
+fn short() -> Vec<Spec> {
+    use Broker::*;
+    use Fault::*;
+    use StoreKind::*;
+    let n = 300;
+    let mut specs: Vec<Spec> = Fault::ALL
+        .into_iter()
+        .map(|f| spec(RedisStreams, Redis, f, n))
+        .collect();
+    specs.extend([
+        spec(Amqp, Postgres, Duplicates, n),
+        spec(Amqp, Postgres, KillAfterEffect, n),
+        spec(Amqp, Postgres, Zombie, n),
+        spec(Nats, RedisAof, KillAfterAnswer, n),
+        spec(Nats, RedisAof, StoreRestart, n),
+        spec(Nats, MariaDb, KillInRetry, n),
+        spec(Kafka, Redis, Duplicates, n),
+        spec(RocketMq, Redis, KillAfterEffect, n),
+        spec(RedisStreams, File, KillAfterEffect, n),
+        spec(Amqp, Memory, Duplicates, n),
+    ]);
+    specs
+}
+
+/// Every broker, store and fault that fit together.
+fn long() -> Vec<Spec> {
+    let mut specs = Vec::new();
+    for broker in Broker::ALL {
+        for store in StoreKind::ALL {
+            for fault in Fault::ALL {
+                specs.push(Spec {
+                    times: 5,
+                    ..spec(broker, store, fault, 2000)
+                });
+            }
+        }
+    }
+    specs
+}
+
+fn summary(o: &Outcome) -> String {
+    let figures: Vec<String> = o
+        .figures()
+        .into_iter()
+        .map(|(label, v)| format!("{label} {v}"))
+        .collect();
+    let mut s = format!(
+        "{}: {} calls, {}",
+        if o.passed() { "pass" } else { "FAIL" },
+        o.calls,
+        figures.join(", ")
+    );
+    for p in &o.problems {
+        s.push_str("\n    ");
+        s.push_str(p);
+    }
+    s
+}

@@ -1,0 +1,339 @@
+//! One run: a broker, a store, a fault; the consumers, the producer and the
+//! sink started, the faults injected, the history judged.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+
+use crate::broker::{Broker, Channel};
+use crate::fault::{Fault, Plan};
+use crate::fleet::{Fleet, Procs};
+use crate::history::{self, Outcome, Run};
+use crate::sink::{Event, Sink};
+use crate::store::{Store, StoreKind};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    pub broker: Broker,
+    pub store: StoreKind,
+    pub fault: Fault,
+    pub messages: usize,
+    /// Consumer processes (one for a store that belongs to one process).
+    pub consumers: usize,
+    pub lease: Duration,
+    /// How many times the fault is injected.
+    pub times: usize,
+    /// The run gives up waiting for its messages after this.
+    pub deadline: Duration,
+}
+
+impl Spec {
+    /// The command that runs this spec again.
+    pub fn command(&self) -> String {
+        format!(
+            "idem-chaos run --broker {} --store {} --fault {} --messages {} --consumers {} --lease-ms {} --times {}",
+            self.broker,
+            self.store,
+            self.fault,
+            self.messages,
+            self.consumers,
+            self.lease.as_millis(),
+            self.times
+        )
+    }
+
+    /// Why this spec cannot run, if it cannot.
+    pub fn unfit(&self) -> Option<&'static str> {
+        if self.broker == Broker::Kafka
+            && matches!(
+                self.fault,
+                Fault::KillAfterBegin
+                    | Fault::KillAfterEffect
+                    | Fault::KillAfterAnswer
+                    | Fault::KillInRetry
+                    | Fault::Zombie
+            )
+        {
+            return Some(
+                "tansu never gives a dead or stopped member's partitions to another member",
+            );
+        }
+        self.fault.unfit(self.store)
+    }
+}
+
+/// How long the run waits with nothing happening before it calls the
+/// messages settled.
+const QUIET: Duration = Duration::from_millis(1500);
+
+/// Runs `spec` with the `idem` binary at `idem`. Consumer logs go to a
+/// directory that is kept (and named in the outcome's problems) when the
+/// run fails.
+pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
+    if let Some(why) = spec.unfit() {
+        return Err(format!("{} cannot run: {why}", spec.command()));
+    }
+    let consumers = if spec.store.shared() {
+        spec.consumers.max(1)
+    } else {
+        1
+    };
+    let name = unique(spec);
+    let dir = tempfile::Builder::new()
+        .prefix("idem-chaos-")
+        .tempdir()
+        .map_err(|e| format!("a temporary directory: {e}"))?;
+    let mut store = Store::start(spec.store, &name, dir.path()).await?;
+
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let procs = Procs::default();
+    let plan = Plan::new(spec.fault, spec.messages, spec.times);
+    let sink = Sink::start(plan, spec.lease, procs.clone(), events_tx).await?;
+    let channel = Arc::new(Channel::open(spec.broker, &name).await?);
+
+    let args = consumer_args(spec, &channel.from, &store.args);
+    let mut fleet = Fleet::new(idem, args, sink.url(), consumers, dir.path(), procs);
+    fleet.start().await?;
+
+    let started = Instant::now();
+    let keys: Vec<String> = (0..spec.messages).map(|i| format!("k-{i}")).collect();
+    let duplicates = Arc::new(AtomicU64::new(0));
+    let produced = Arc::new(AtomicBool::new(false));
+    // A stopped consumer holds up its key for a lease or two, and one stop
+    // waits for the last: spread the messages over enough time for them all.
+    let spread = if spec.fault == Fault::Zombie {
+        (spec.lease * 2 + Duration::from_secs(2)) * spec.times as u32
+    } else {
+        Duration::ZERO
+    };
+    let producer = tokio::spawn(produce(
+        channel.clone(),
+        keys.clone(),
+        spec.fault == Fault::Duplicates,
+        spread,
+        duplicates.clone(),
+        produced.clone(),
+    ));
+
+    let mut restarted = spec.fault != Fault::StoreRestart;
+    let mut after_copies: Option<Instant> = None;
+    let mut failure = None;
+    let mut timed_out = None;
+    loop {
+        if started.elapsed() > spec.deadline {
+            timed_out = Some(sink.with(|l| (l.applied, l.in_flight)));
+            break;
+        }
+        tokio::select! {
+            Some(event) = events.recv() => match event {
+                Event::Killed(slot) => {
+                    // An orchestrator's restart, a moment later.
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    if let Err(e) = fleet.restart(slot).await {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+                Event::Duplicate(key) => {
+                    let channel = channel.clone();
+                    let duplicates = duplicates.clone();
+                    tokio::spawn(async move {
+                        // Copy 3: the producer's own copies are 1 (early)
+                        // and 2 (late), and NATS would drop a repeated id.
+                        if channel.publish(&key, 3).await.is_ok() {
+                            duplicates.fetch_add(1, Ordering::Relaxed);
+                        }
+                    });
+                }
+            },
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+        let (applied, in_flight, last_call, last_fault) =
+            sink.with(|l| (l.applied, l.in_flight, l.last_call, l.last_fault));
+        if !restarted && applied * 10 >= keys.len() * 4 {
+            restarted = true;
+            match store.restart().await {
+                Ok(true) => sink.wiped(),
+                Ok(false) => sink.restarted(),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+            // Copies of messages completed before the restart: a store
+            // that kept its records answers them without a call; one that
+            // lost them runs them again.
+            let done: Vec<String> = sink.with(|l| {
+                l.keys
+                    .iter()
+                    .filter(|(_, calls)| calls.iter().any(|c| c.effect))
+                    .map(|(k, _)| k.clone())
+                    .take(20)
+                    .collect()
+            });
+            for key in done {
+                if channel.publish(&key, 4).await.is_ok() {
+                    duplicates.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        let now = sink.now();
+        let quiet = last_call.is_none_or(|t| now.saturating_sub(t) > QUIET);
+        // What a kill or a stop left behind comes back after its lease
+        // (and the broker's redelivery): wait for it.
+        let recovered =
+            last_fault.is_none_or(|t| now.saturating_sub(t) > spec.lease * 2 + QUIET * 2);
+        let settled = applied == keys.len()
+            && in_flight == 0
+            && quiet
+            && recovered
+            && produced.load(Ordering::Relaxed)
+            && restarted;
+        if !settled {
+            continue;
+        }
+        match after_copies {
+            // Duplicates of completed messages: they must be acked
+            // without a call.
+            None if spec.fault == Fault::Duplicates => {
+                for key in keys.iter().step_by(20) {
+                    if channel.publish(key, 2).await.is_ok() {
+                        duplicates.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                after_copies = Some(Instant::now());
+            }
+            Some(at) if at.elapsed() < QUIET * 2 => {}
+            _ => break,
+        }
+    }
+    let elapsed = started.elapsed();
+    producer.abort();
+    let forced_stops = fleet.stop(Duration::from_secs(15)).await;
+    let ledger = sink.finish();
+    store.stop().await;
+    if let Ok(channel) = Arc::try_unwrap(channel) {
+        channel.close().await;
+    }
+    if let Some(e) = failure {
+        return Err(keep(dir, &e));
+    }
+    let run = Run {
+        broker: spec.broker,
+        store: spec.store,
+        fault: spec.fault,
+        consumers,
+        keys,
+        duplicates: duplicates.load(Ordering::Relaxed),
+        lease: spec.lease,
+        forced_stops,
+        elapsed,
+        command: spec.command(),
+    };
+    let mut outcome = history::judge(&run, &ledger);
+    if let Some((applied, in_flight)) = timed_out {
+        outcome.problems.push(format!(
+            "did not settle within {:?}: {applied} of {} messages had their effect, {in_flight} calls still open",
+            spec.deadline,
+            run.keys.len()
+        ));
+    }
+    if !outcome.passed() {
+        let logs = keep(dir, "the consumers' logs");
+        outcome.problems.push(logs);
+    }
+    Ok(outcome)
+}
+
+/// Keeps `dir` and says where it is.
+fn keep(dir: tempfile::TempDir, what: &str) -> String {
+    let path: PathBuf = dir.keep();
+    format!("{what} (consumer logs kept in {})", path.display())
+}
+
+/// A name for the run's queue, stream, topic, table and namespace.
+fn unique(spec: &Spec) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() % 1_000_000_000);
+    format!(
+        "chaos_{}_{}_{}",
+        spec.fault.name().replace('-', "_"),
+        std::process::id(),
+        nanos
+    )
+}
+
+/// `idem consume` arguments for one consumer.
+fn consumer_args(spec: &Spec, from: &str, store: &[String]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "consume",
+        "--from",
+        from,
+        "--key",
+        "json:/key",
+        "--concurrency",
+        "4",
+        "--max-attempts",
+        "10",
+        "--retry-initial-ms",
+        "200",
+        "--retry-max-ms",
+        "1000",
+        "--timeout-ms",
+        "60000",
+        "--shutdown-grace-ms",
+        "5000",
+        "--log",
+        "warn",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.push("--default-lease-ms".into());
+    args.push(spec.lease.as_millis().to_string());
+    args.extend(store.iter().cloned());
+    args
+}
+
+/// Publishes every key once (and, with `duplicates`, a copy of the key half
+/// way back after every tenth), over at least `spread`.
+async fn produce(
+    channel: Arc<Channel>,
+    keys: Vec<String>,
+    duplicates: bool,
+    spread: Duration,
+    copies: Arc<AtomicU64>,
+    done: Arc<AtomicBool>,
+) {
+    let start = tokio::time::Instant::now();
+    let every = spread / keys.len().max(1) as u32;
+    let sends = keys.iter().enumerate().flat_map(|(i, key)| {
+        let copy = (duplicates && i % 10 == 9).then(|| keys[i / 2].clone());
+        std::iter::once((key.clone(), 0)).chain(copy.map(|k| (k, 1)))
+    });
+    futures_util::stream::iter(sends.enumerate())
+        .for_each_concurrent(16, |(n, (key, copy))| {
+            let (channel, copies) = (&channel, &copies);
+            async move {
+                tokio::time::sleep_until(start + every * n as u32).await;
+                // A publish the broker refused is tried again: the run
+                // needs every message sent.
+                for _ in 0..50 {
+                    if channel.publish(&key, copy).await.is_ok() {
+                        if copy > 0 {
+                            copies.fetch_add(1, Ordering::Relaxed);
+                        }
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        })
+        .await;
+    done.store(true, Ordering::Relaxed);
+}

@@ -1,0 +1,255 @@
+//! The stores a run can use, as `idem consume` arguments, and the Redis
+//! servers a run starts for itself so that it can restart them.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use idem_testkit::services;
+use tokio::process::{Child, Command};
+
+/// A store the consumers share (or, for the embedded ones, the one
+/// consumer uses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreKind {
+    Memory,
+    File,
+    Tiered,
+    /// A `redis-server` of the run's own without persistence.
+    Redis,
+    /// A `redis-server` of the run's own with `appendfsync always`.
+    RedisAof,
+    Postgres,
+    MariaDb,
+}
+
+impl StoreKind {
+    pub const ALL: [StoreKind; 7] = [
+        StoreKind::Memory,
+        StoreKind::File,
+        StoreKind::Tiered,
+        StoreKind::Redis,
+        StoreKind::RedisAof,
+        StoreKind::Postgres,
+        StoreKind::MariaDb,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreKind::Memory => "memory",
+            StoreKind::File => "file",
+            StoreKind::Tiered => "tiered",
+            StoreKind::Redis => "redis",
+            StoreKind::RedisAof => "redis-aof",
+            StoreKind::Postgres => "postgres",
+            StoreKind::MariaDb => "mariadb",
+        }
+    }
+
+    pub fn title(self) -> &'static str {
+        match self {
+            StoreKind::Memory => "memory",
+            StoreKind::File => "file",
+            StoreKind::Tiered => "tiered (memory over file)",
+            StoreKind::Redis => "Redis, no persistence",
+            StoreKind::RedisAof => "Redis, appendfsync always",
+            StoreKind::Postgres => "PostgreSQL",
+            StoreKind::MariaDb => "MariaDB",
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<Self, String> {
+        StoreKind::ALL
+            .into_iter()
+            .find(|s| s.name() == name)
+            .ok_or_else(|| {
+                format!(
+                    "unknown store `{name}`; one of: {}",
+                    StoreKind::ALL.map(StoreKind::name).join(", ")
+                )
+            })
+    }
+
+    /// Whether several consumer processes can share it; the embedded
+    /// stores belong to one process, so their runs have one consumer.
+    pub fn shared(self) -> bool {
+        !matches!(
+            self,
+            StoreKind::Memory | StoreKind::File | StoreKind::Tiered
+        )
+    }
+
+    /// Whether the run can restart its server.
+    pub fn restartable(self) -> bool {
+        matches!(self, StoreKind::Redis | StoreKind::RedisAof)
+    }
+}
+
+impl fmt::Display for StoreKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A store ready for the consumers.
+pub struct Store {
+    pub kind: StoreKind,
+    /// `idem consume` arguments naming it.
+    pub args: Vec<String>,
+    redis: Option<OwnRedis>,
+}
+
+impl Store {
+    /// Sets up `kind` for run `run` (a name of letters, digits and `_`),
+    /// with files under `dir`.
+    pub async fn start(kind: StoreKind, run: &str, dir: &Path) -> Result<Self, String> {
+        let arg = |url: String| vec!["--store".to_owned(), url];
+        let mut redis = None;
+        let args = match kind {
+            StoreKind::Memory => arg("memory://".into()),
+            StoreKind::File => arg(format!("file://{}", dir.join("store").display())),
+            StoreKind::Tiered => vec![
+                "--store".into(),
+                "tiered".into(),
+                "--hot-store".into(),
+                "memory://".into(),
+                "--cold-store".into(),
+                format!("file://{}", dir.join("cold").display()),
+            ],
+            StoreKind::Redis | StoreKind::RedisAof => {
+                let own = OwnRedis::start(dir.join("redis"), kind == StoreKind::RedisAof).await?;
+                let url = format!("redis://127.0.0.1:{}", own.port);
+                redis = Some(own);
+                arg(url)
+            }
+            StoreKind::Postgres => {
+                let url = services::url(
+                    "IDEM_TEST_POSTGRES_URL",
+                    "postgres://postgres@127.0.0.1:5432/test",
+                );
+                arg(with_table(&url, run))
+            }
+            StoreKind::MariaDb => {
+                let url = services::url("IDEM_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+                arg(with_table(&url, run))
+            }
+        };
+        Ok(Self { kind, args, redis })
+    }
+
+    /// Kills the store's server and starts it again on the same port and
+    /// files; answers whether its records were lost (no persistence).
+    pub async fn restart(&mut self) -> Result<bool, String> {
+        let Some(redis) = &mut self.redis else {
+            return Err(format!("the run cannot restart the {} store", self.kind));
+        };
+        redis.restart().await?;
+        Ok(!redis.aof)
+    }
+
+    pub async fn stop(self) {
+        if let Some(mut redis) = self.redis {
+            let _ = redis.child.kill().await;
+        }
+    }
+}
+
+/// `url` with `table=NAME` added to its query.
+fn with_table(url: &str, table: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}table={table}")
+}
+
+/// A `redis-server` on a free loopback port, its files in a directory of
+/// the run's.
+struct OwnRedis {
+    port: u16,
+    dir: PathBuf,
+    aof: bool,
+    child: Child,
+}
+
+impl OwnRedis {
+    async fn start(dir: PathBuf, aof: bool) -> Result<Self, String> {
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let port = free_port()?;
+        let child = spawn_redis(&dir, port, aof).await?;
+        Ok(Self {
+            port,
+            dir,
+            aof,
+            child,
+        })
+    }
+
+    async fn restart(&mut self) -> Result<(), String> {
+        let _ = self.child.kill().await;
+        let _ = self.child.wait().await;
+        self.child = spawn_redis(&self.dir, self.port, self.aof).await?;
+        Ok(())
+    }
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+/// Starts `redis-server` and waits until it answers.
+async fn spawn_redis(dir: &Path, port: u16, aof: bool) -> Result<Child, String> {
+    let mut cmd = Command::new("redis-server");
+    cmd.args([
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+    ])
+    .arg("--dir")
+    .arg(dir)
+    .args(["--logfile", "redis.log"]);
+    if aof {
+        cmd.args(["--appendonly", "yes", "--appendfsync", "always"]);
+    } else {
+        cmd.args(["--appendonly", "no"]);
+    }
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("redis-server does not start (is it installed?): {e}"))?;
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            // Loading an append-only file can take a moment after the
+            // port opens; PING answers only once it is loaded.
+            if ping(port).await {
+                return Ok(child);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(format!(
+        "redis-server on port {port} did not answer within 5 s"
+    ))
+}
+
+async fn ping(port: u16) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return false;
+    };
+    if s.write_all(b"PING\r\n").await.is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 16];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(1), s.read(&mut buf)).await,
+        Ok(Ok(n)) if buf[..n].starts_with(b"+PONG")
+    )
+}
