@@ -25,15 +25,18 @@ pub enum Broker {
     Nats,
     Kafka,
     RocketMq,
+    /// Not a broker: HTTP clients through `idem proxy` (the gateway run).
+    Proxy,
 }
 
 impl Broker {
-    pub const ALL: [Broker; 5] = [
+    pub const ALL: [Broker; 6] = [
         Broker::RedisStreams,
         Broker::Amqp,
         Broker::Nats,
         Broker::Kafka,
         Broker::RocketMq,
+        Broker::Proxy,
     ];
 
     /// The name on the command line.
@@ -44,6 +47,7 @@ impl Broker {
             Broker::Nats => "nats",
             Broker::Kafka => "kafka",
             Broker::RocketMq => "rocketmq",
+            Broker::Proxy => "proxy",
         }
     }
 
@@ -55,6 +59,7 @@ impl Broker {
             Broker::Nats => "NATS JetStream",
             Broker::Kafka => "Kafka (tansu)",
             Broker::RocketMq => "RocketMQ",
+            Broker::Proxy => "HTTP clients → idem proxy",
         }
     }
 
@@ -193,6 +198,7 @@ impl Channel {
                     producer: Producer::Kafka(publisher, name.to_owned()),
                 })
             }
+            Broker::Proxy => Err("the gateway run has no broker".into()),
             Broker::RocketMq => {
                 let base = services::url("IDEM_TEST_ROCKETMQ_URL", "rocketmq://127.0.0.1:9876");
                 let publisher = RocketMqPublisher::connect(&base)

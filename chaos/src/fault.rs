@@ -29,10 +29,16 @@ pub enum Fault {
     Zombie,
     /// The store's server killed and started again mid-run.
     StoreRestart,
+    /// Gateway: clients that give up mid-request (a cut connection) and
+    /// retry.
+    ClientCuts,
+    /// Gateway: the clients' cuts, and `idem proxy` killed (`kill -9`) and
+    /// restarted while requests are in flight.
+    ProxyKill,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 8] = [
+    pub const ALL: [Fault; 10] = [
         Fault::None,
         Fault::Duplicates,
         Fault::KillAfterBegin,
@@ -41,6 +47,8 @@ impl Fault {
         Fault::KillInRetry,
         Fault::Zombie,
         Fault::StoreRestart,
+        Fault::ClientCuts,
+        Fault::ProxyKill,
     ];
 
     pub fn name(self) -> &'static str {
@@ -53,6 +61,8 @@ impl Fault {
             Fault::KillInRetry => "kill-in-retry",
             Fault::Zombie => "zombie",
             Fault::StoreRestart => "store-restart",
+            Fault::ClientCuts => "client-cuts",
+            Fault::ProxyKill => "proxy-kill",
         }
     }
 
@@ -67,6 +77,8 @@ impl Fault {
             Fault::KillInRetry => "kill -9 in a retry chain",
             Fault::Zombie => "SIGSTOP past the lease, then SIGCONT",
             Fault::StoreRestart => "store restart",
+            Fault::ClientCuts => "clients cut requests at 10 ms and retry",
+            Fault::ProxyKill => "kill -9 of idem proxy mid-request, and client cuts",
         }
     }
 

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::broker::Broker;
 use crate::fault::Fault;
+use crate::scenario::Spec;
 use crate::sink::{Call, End, Ledger};
 use crate::store::StoreKind;
 
@@ -62,6 +63,9 @@ pub struct Outcome {
     pub command: String,
     /// What this broker cannot do, said beside its rows.
     pub limits: Option<&'static str>,
+    /// Whether the run had a fenced sink (the gateway's upstream gets no
+    /// token).
+    pub fenced: bool,
 }
 
 impl Outcome {
@@ -81,9 +85,20 @@ impl Outcome {
             ),
             (
                 "fenced doubled (unexplained)",
-                format!("{} ({})", self.doubled_fenced, self.unexplained_fenced),
+                if self.fenced {
+                    format!("{} ({})", self.doubled_fenced, self.unexplained_fenced)
+                } else {
+                    "—".into()
+                },
             ),
-            ("stale refused", self.refused.to_string()),
+            (
+                "stale refused",
+                if self.fenced {
+                    self.refused.to_string()
+                } else {
+                    "—".into()
+                },
+            ),
             (
                 "recovery ms",
                 self.recover_ms.map_or("—".into(), |m| m.to_string()),
@@ -98,6 +113,27 @@ impl Outcome {
     pub fn passed(&self) -> bool {
         self.problems.is_empty()
     }
+}
+
+/// An empty outcome of the gateway run of `spec`, for it to fill in. The
+/// upstream gets no fencing token through the proxy: no fenced sink.
+pub fn gateway_outcome(spec: &Spec, keys: &[String], elapsed: Duration) -> Outcome {
+    let run = Run {
+        broker: spec.broker,
+        store: spec.store,
+        fault: spec.fault,
+        consumers: 1,
+        keys: Vec::new(),
+        duplicates: 0,
+        lease: spec.lease,
+        forced_stops: 0,
+        elapsed,
+        command: spec.command(),
+    };
+    let mut o = judge(&run, &Ledger::default());
+    o.sent = keys.len();
+    o.fenced = false;
+    o
 }
 
 /// What the run knew besides the ledger.
@@ -140,6 +176,7 @@ pub fn judge(run: &Run, ledger: &Ledger) -> Outcome {
         problems: Vec::new(),
         command: run.command.clone(),
         limits: run.broker.limits(),
+        fenced: true,
     };
     let problem = |o: &mut Outcome, text: String| {
         if o.problems.len() < 10 {

@@ -14,6 +14,7 @@
 mod broker;
 mod fault;
 mod fleet;
+mod gateway;
 mod history;
 mod report;
 mod scenario;
@@ -53,7 +54,9 @@ struct Cli {
 enum Command {
     /// One broker, one store, one fault.
     Run {
-        /// redis-streams, amqp, nats, kafka or rocketmq.
+        /// redis-streams, amqp, nats, kafka, rocketmq, or proxy (HTTP
+        /// clients through `idem proxy`, with the faults client-cuts and
+        /// proxy-kill).
         #[arg(long)]
         broker: String,
         /// memory, file, tiered, redis (a server of the run's own, no
@@ -62,7 +65,8 @@ enum Command {
         #[arg(long)]
         store: String,
         /// none, duplicates, kill-after-begin, kill-after-effect,
-        /// kill-after-answer, kill-in-retry, zombie or store-restart.
+        /// kill-after-answer, kill-in-retry, zombie, store-restart;
+        /// client-cuts or proxy-kill with --broker proxy.
         #[arg(long, default_value = "none")]
         fault: String,
         /// Distinct messages published.
@@ -246,6 +250,7 @@ fn short() -> Vec<Spec> {
     let n = 300;
     let mut specs: Vec<Spec> = Fault::ALL
         .into_iter()
+        .filter(|f| !matches!(f, ClientCuts | ProxyKill))
         .map(|f| spec(RedisStreams, Redis, f, n))
         .collect();
     specs.extend([
@@ -259,6 +264,9 @@ fn short() -> Vec<Spec> {
         spec(RocketMq, Redis, KillAfterEffect, n),
         spec(RedisStreams, File, KillAfterEffect, n),
         spec(Amqp, Memory, Duplicates, n),
+        spec(Proxy, Memory, ClientCuts, n),
+        spec(Proxy, File, ProxyKill, n),
+        spec(Proxy, Postgres, ProxyKill, n),
     ]);
     specs
 }

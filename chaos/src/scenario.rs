@@ -49,6 +49,21 @@ impl Spec {
 
     /// Why this spec cannot run, if it cannot.
     pub fn unfit(&self) -> Option<&'static str> {
+        let gateway_fault = matches!(self.fault, Fault::ClientCuts | Fault::ProxyKill);
+        if (self.broker == Broker::Proxy) != gateway_fault {
+            return Some(
+                "client-cuts and proxy-kill are the gateway's faults (--broker proxy), and only they",
+            );
+        }
+        if self.broker == Broker::Proxy
+            && self.store == StoreKind::Memory
+            && self.fault == Fault::ProxyKill
+        {
+            return Some("a killed proxy takes the memory store with it");
+        }
+        if self.broker == Broker::Proxy {
+            return None;
+        }
         if self.broker == Broker::Kafka
             && matches!(
                 self.fault,
@@ -77,6 +92,9 @@ const QUIET: Duration = Duration::from_millis(1500);
 pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     if let Some(why) = spec.unfit() {
         return Err(format!("{} cannot run: {why}", spec.command()));
+    }
+    if spec.broker == Broker::Proxy {
+        return crate::gateway::run(spec, idem).await;
     }
     let consumers = if spec.store.shared() {
         spec.consumers.max(1)

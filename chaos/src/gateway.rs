@@ -1,0 +1,327 @@
+//! The gateway run: HTTP clients that time out, cut their connections
+//! mid-request and retry, through `idem proxy` to an upstream that records
+//! every effect; optionally the proxy killed and restarted mid-run.
+//!
+//! Each client request carries an `Idempotency-Key`; the upstream applies
+//! the effect (counting it per key) after 20–60 ms, so a client's 10 ms
+//! timeout drops the request while the upstream is working. Checked: every
+//! key answered, one upstream effect a key unless a proxy kill cut its
+//! upstream call, and every answer a client got for a key the same as the
+//! first (the replayed outcome, never a second effect's).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::routing::post;
+use futures_util::StreamExt;
+use http::{HeaderMap, StatusCode};
+use parking_lot::Mutex;
+use tokio::process::{Child, Command};
+
+use crate::fault::Fault;
+use crate::history::{self, Outcome};
+use crate::scenario::Spec;
+use crate::sink::signal;
+use crate::store::Store;
+
+/// What the upstream saw of one key.
+#[derive(Default)]
+struct Upstream {
+    /// Effects, each with when it started and ended.
+    effects: HashMap<String, Vec<(Duration, Duration)>>,
+    open: usize,
+}
+
+struct Shared {
+    start: Instant,
+    up: Mutex<Upstream>,
+}
+
+/// `POST /pay`: one effect for the request's key, answered with its number.
+async fn pay(State(s): State<Arc<Shared>>, headers: HeaderMap) -> (StatusCode, String) {
+    let Some(key) = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+    else {
+        return (StatusCode::BAD_REQUEST, "no Idempotency-Key".into());
+    };
+    let began = s.start.elapsed();
+    s.up.lock().open += 1;
+    let work = 20 + (key.len() as u64 * 7 + began.as_micros() as u64) % 40;
+    tokio::time::sleep(Duration::from_millis(work)).await;
+    let mut up = s.up.lock();
+    up.open -= 1;
+    let effects = up.effects.entry(key.clone()).or_default();
+    effects.push((began, s.start.elapsed()));
+    (
+        StatusCode::CREATED,
+        format!(r#"{{"key":"{key}","effect":{}}}"#, effects.len()),
+    )
+}
+
+/// The proxy process, restarted after each kill.
+struct Proxy {
+    bin: std::path::PathBuf,
+    args: Vec<String>,
+    child: Child,
+}
+
+impl Proxy {
+    async fn start(bin: &Path, args: Vec<String>, port: u16) -> Result<Self, String> {
+        let child = spawn(bin, &args, port).await?;
+        Ok(Self {
+            bin: bin.to_owned(),
+            args,
+            child,
+        })
+    }
+
+    async fn kill_and_restart(&mut self, port: u16) -> Result<(), String> {
+        if let Some(pid) = self.child.id() {
+            signal(pid, libc::SIGKILL);
+        }
+        let _ = self.child.wait().await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        self.child = spawn(&self.bin, &self.args, port).await?;
+        Ok(())
+    }
+}
+
+async fn spawn(bin: &Path, args: &[String], port: u16) -> Result<Child, String> {
+    let child = Command::new(bin)
+        .args(args)
+        .env_remove("IDEM_CONFIG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("{} does not start: {e}", bin.display()))?;
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return Ok(child);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(format!("idem proxy did not listen on {port} within 10 s"))
+}
+
+/// Runs the gateway scenario of `spec` (fault `client-cuts` or
+/// `proxy-kill`) with the `idem` binary at `idem`.
+pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
+    let dir = tempfile::Builder::new()
+        .prefix("idem-chaos-")
+        .tempdir()
+        .map_err(|e| format!("a temporary directory: {e}"))?;
+    let name = format!("chaos_gateway_{}", std::process::id());
+    let store = Store::start(spec.store, &name, dir.path()).await?;
+
+    let shared = Arc::new(Shared {
+        start: Instant::now(),
+        up: Mutex::new(Upstream::default()),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let upstream = listener.local_addr().map_err(|e| e.to_string())?;
+    let app = axum::Router::new()
+        .route("/pay", post(pay))
+        .with_state(shared.clone());
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+        l.local_addr().map_err(|e| e.to_string())?.port()
+    };
+    let mut args: Vec<String> = vec![
+        "proxy".into(),
+        "--upstream".into(),
+        format!("http://{upstream}"),
+        "--listen".into(),
+        format!("127.0.0.1:{port}"),
+        "--default-lease-ms".into(),
+        spec.lease.as_millis().to_string(),
+        "--log".into(),
+        "warn".into(),
+    ];
+    args.extend(store.args.iter().cloned());
+    let mut proxy = Proxy::start(idem, args, port).await?;
+
+    let client = client::Client::new(port);
+    let keys: Vec<String> = (0..spec.messages).map(|i| format!("g-{i}")).collect();
+    let answers: Arc<Mutex<HashMap<String, Vec<String>>>> = Arc::default();
+    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let cuts = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + spec.deadline;
+    let clients = {
+        let (keys, answers, sent, cuts) =
+            (keys.clone(), answers.clone(), sent.clone(), cuts.clone());
+        tokio::spawn(async move {
+            futures_util::stream::iter(keys.into_iter().enumerate())
+                .for_each_concurrent(32, |(i, key)| {
+                    let (client, answers, sent, cuts) = (&client, &answers, &sent, &cuts);
+                    async move {
+                        let mut attempt = 0u32;
+                        while Instant::now() < deadline {
+                            attempt += 1;
+                            sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            // A third of the keys are first sent by a client
+                            // that gives up after 10 ms, mid-request.
+                            let cut = attempt == 1 && i % 3 == 0;
+                            let limit = if cut {
+                                Duration::from_millis(10)
+                            } else {
+                                Duration::from_secs(5)
+                            };
+                            match tokio::time::timeout(limit, client.post(&key)).await {
+                                Err(_) => {
+                                    cuts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                }
+                                Ok(Ok((status, body, _))) if status < 300 => {
+                                    answers.lock().entry(key.clone()).or_default().push(body);
+                                    return;
+                                }
+                                Ok(Ok((_, _, retry_after))) => {
+                                    tokio::time::sleep(
+                                        retry_after.unwrap_or(Duration::from_millis(100)),
+                                    )
+                                    .await;
+                                    continue;
+                                }
+                                Ok(Err(_)) => {}
+                            }
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                })
+                .await;
+        })
+    };
+
+    let mut kills: Vec<Duration> = Vec::new();
+    if spec.fault == Fault::ProxyKill {
+        for _ in 0..spec.times {
+            // Kill while work is in flight.
+            let until = Instant::now() + Duration::from_secs(5);
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            while shared.up.lock().open == 0 && Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            kills.push(shared.start.elapsed());
+            proxy.kill_and_restart(port).await?;
+        }
+    }
+    let _ = clients.await;
+    let elapsed = started.elapsed();
+    let _ = proxy.child.kill().await;
+    server.abort();
+    store.stop().await;
+
+    let up = std::mem::take(&mut *shared.up.lock());
+    let answers = std::mem::take(&mut *answers.lock());
+    let mut o = history::gateway_outcome(spec, &keys, elapsed);
+    o.duplicates = sent.load(std::sync::atomic::Ordering::Relaxed) - keys.len() as u64;
+    o.injected = cuts.load(std::sync::atomic::Ordering::Relaxed) + kills.len() as u64;
+    let problem = |o: &mut Outcome, text: String| {
+        if o.problems.len() < 10 {
+            o.problems.push(text);
+        }
+    };
+    for key in &keys {
+        let effects = up.effects.get(key).map_or(&[][..], Vec::as_slice);
+        o.calls += effects.len() as u64;
+        o.effects += effects.len() as u64;
+        let got = answers.get(key);
+        if got.is_none() {
+            o.lost += 1;
+            problem(
+                &mut o,
+                format!("{key}: no answer within {:?}", spec.deadline),
+            );
+        }
+        for pair in effects.windows(2) {
+            o.doubled_plain += 1;
+            // A kill while the earlier effect was running explains it: the
+            // proxy died before it stored the outcome.
+            let (began, _) = pair[0];
+            if !kills.iter().any(|&k| k >= began && k <= pair[1].0) {
+                o.unexplained += 1;
+                problem(
+                    &mut o,
+                    format!("{key}: the upstream ran it again with no kill to explain it"),
+                );
+            }
+        }
+        if let Some(got) = got
+            && effects.len() == 1
+            && got.iter().any(|a| !a.contains(r#""effect":1"#))
+        {
+            problem(
+                &mut o,
+                format!("{key}: a client got {got:?}, not the first outcome"),
+            );
+        }
+    }
+    Ok(o)
+}
+
+/// An HTTP/1.1 client for the proxy: one connection a request (hyper's
+/// connection API), so a dropped request is a cut connection.
+mod client {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::TokioIo;
+
+    pub struct Client {
+        port: u16,
+    }
+
+    impl Client {
+        pub fn new(port: u16) -> Self {
+            Self { port }
+        }
+
+        /// POSTs to `/pay` with `key`; answers the status, the body and
+        /// `Retry-After`.
+        pub async fn post(
+            &self,
+            key: &str,
+        ) -> Result<(u16, String, Option<Duration>), Box<dyn std::error::Error + Send + Sync>>
+        {
+            let stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await?;
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+            tokio::spawn(conn);
+            let request = http::Request::post("/pay")
+                .header("host", "gateway")
+                .header("idempotency-key", key)
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from_static(br#"{"amount":1}"#)))?;
+            let response = sender.send_request(request).await?;
+            let status = response.status().as_u16();
+            let retry_after = response
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                .map(Duration::from_secs);
+            let body = response.into_body().collect().await?.to_bytes();
+            Ok((
+                status,
+                String::from_utf8_lossy(&body).into_owned(),
+                retry_after,
+            ))
+        }
+    }
+}
