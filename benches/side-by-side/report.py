@@ -131,7 +131,9 @@ Every row: {thousands(args.keys)} keys, each tenth followed by a duplicate
 of an earlier key (10 % more deliveries: 1 in 11 is a duplicate), and
 {args.tasks} concurrent clients. A cycle is one delivery: claim the key and,
 when claimed, record its completion with the outcome "ok"; a duplicate
-finds the key completed. p99 is of each delivery's time.
+finds the key completed (in the "claims only" rows, a cycle is the
+claim alone, and a duplicate finds the key in progress). p99 is of each
+delivery's time.
 
 {table(rows, peer_rate, args.runs)}
 
