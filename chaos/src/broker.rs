@@ -8,6 +8,8 @@
 
 use std::fmt;
 
+use clap::ValueEnum;
+
 use idem_amqp::{AmqpConfig, AmqpPublisher, AmqpSource};
 use idem_consumer::Message;
 use idem_jetstream::JetStreamPublisher;
@@ -17,40 +19,20 @@ use idem_rocketmq::RocketMqPublisher;
 
 use idem_testkit::services;
 
-/// A broker idem consumes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A broker idem consumes from (as named on the command line).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Broker {
     RedisStreams,
     Amqp,
     Nats,
     Kafka,
+    #[value(name = "rocketmq")]
     RocketMq,
     /// Not a broker: HTTP clients through `idem proxy` (the gateway run).
     Proxy,
 }
 
 impl Broker {
-    pub const ALL: [Broker; 6] = [
-        Broker::RedisStreams,
-        Broker::Amqp,
-        Broker::Nats,
-        Broker::Kafka,
-        Broker::RocketMq,
-        Broker::Proxy,
-    ];
-
-    /// The name on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Broker::RedisStreams => "redis-streams",
-            Broker::Amqp => "amqp",
-            Broker::Nats => "nats",
-            Broker::Kafka => "kafka",
-            Broker::RocketMq => "rocketmq",
-            Broker::Proxy => "proxy",
-        }
-    }
-
     /// The name in the report.
     pub fn title(self) -> &'static str {
         match self {
@@ -61,18 +43,6 @@ impl Broker {
             Broker::RocketMq => "RocketMQ",
             Broker::Proxy => "HTTP clients → idem proxy",
         }
-    }
-
-    pub fn parse(name: &str) -> Result<Self, String> {
-        Broker::ALL
-            .into_iter()
-            .find(|b| b.name() == name)
-            .ok_or_else(|| {
-                format!(
-                    "unknown broker `{name}`; one of: {}",
-                    Broker::ALL.map(Broker::name).join(", ")
-                )
-            })
     }
 
     /// What this test broker cannot do, printed with its rows.
@@ -93,7 +63,8 @@ impl Broker {
 
 impl fmt::Display for Broker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        let value = self.to_possible_value().expect("no variant is skipped");
+        f.write_str(value.get_name())
     }
 }
 

@@ -3,10 +3,12 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 
+use clap::ValueEnum;
+
 use crate::store::StoreKind;
 
 /// One kind of fault, injected a few times in a run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Fault {
     /// Nothing: the baseline.
     None,
@@ -38,34 +40,6 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const ALL: [Fault; 10] = [
-        Fault::None,
-        Fault::Duplicates,
-        Fault::KillAfterBegin,
-        Fault::KillAfterEffect,
-        Fault::KillAfterAnswer,
-        Fault::KillInRetry,
-        Fault::Zombie,
-        Fault::StoreRestart,
-        Fault::ClientCuts,
-        Fault::ProxyKill,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Fault::None => "none",
-            Fault::Duplicates => "duplicates",
-            Fault::KillAfterBegin => "kill-after-begin",
-            Fault::KillAfterEffect => "kill-after-effect",
-            Fault::KillAfterAnswer => "kill-after-answer",
-            Fault::KillInRetry => "kill-in-retry",
-            Fault::Zombie => "zombie",
-            Fault::StoreRestart => "store-restart",
-            Fault::ClientCuts => "client-cuts",
-            Fault::ProxyKill => "proxy-kill",
-        }
-    }
-
     /// What the report says the fault is.
     pub fn title(self) -> &'static str {
         match self {
@@ -80,18 +54,6 @@ impl Fault {
             Fault::ClientCuts => "clients cut requests at 10 ms and retry",
             Fault::ProxyKill => "kill -9 of idem proxy mid-request, and client cuts",
         }
-    }
-
-    pub fn parse(name: &str) -> Result<Self, String> {
-        Fault::ALL
-            .into_iter()
-            .find(|f| f.name() == name)
-            .ok_or_else(|| {
-                format!(
-                    "unknown fault `{name}`; one of: {}",
-                    Fault::ALL.map(Fault::name).join(", ")
-                )
-            })
     }
 
     /// Why the fault cannot run on `store`, if it cannot.
@@ -131,7 +93,8 @@ impl Fault {
 
 impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        let value = self.to_possible_value().expect("no variant is skipped");
+        f.write_str(value.get_name())
     }
 }
 

@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 use broker::Broker;
 use fault::Fault;
@@ -54,21 +54,17 @@ struct Cli {
 enum Command {
     /// One broker, one store, one fault.
     Run {
-        /// redis-streams, amqp, nats, kafka, rocketmq, or proxy (HTTP
-        /// clients through `idem proxy`, with the faults client-cuts and
-        /// proxy-kill).
-        #[arg(long)]
-        broker: String,
-        /// memory, file, tiered, redis (a server of the run's own, no
-        /// persistence), redis-aof (appendfsync always), postgres or
-        /// mariadb.
-        #[arg(long)]
-        store: String,
-        /// none, duplicates, kill-after-begin, kill-after-effect,
-        /// kill-after-answer, kill-in-retry, zombie, store-restart;
-        /// client-cuts or proxy-kill with --broker proxy.
-        #[arg(long, default_value = "none")]
-        fault: String,
+        /// The broker; `proxy` is HTTP clients through `idem proxy`
+        /// instead, with the faults client-cuts and proxy-kill.
+        #[arg(long, value_enum)]
+        broker: Broker,
+        /// The store: redis is a server of the run's own without
+        /// persistence, redis-aof one with appendfsync always.
+        #[arg(long, value_enum)]
+        store: StoreKind,
+        /// The fault (RELIABILITY.md says what each does).
+        #[arg(long, value_enum, default_value_t = Fault::None)]
+        fault: Fault,
         /// Distinct messages published.
         #[arg(long, default_value_t = 500)]
         messages: usize,
@@ -125,7 +121,7 @@ fn main() -> ExitCode {
                 "{} / {} / {}: {why}",
                 spec.broker.title(),
                 spec.store.title(),
-                spec.fault.name()
+                spec.fault
             ));
             continue;
         }
@@ -214,9 +210,9 @@ fn specs(command: &Command) -> Result<Vec<Spec>, String> {
             times,
             deadline_s,
         } => Ok(vec![Spec {
-            broker: Broker::parse(broker)?,
-            store: StoreKind::parse(store)?,
-            fault: Fault::parse(fault)?,
+            broker: *broker,
+            store: *store,
+            fault: *fault,
             messages: *messages,
             consumers: *consumers,
             lease: Duration::from_millis(*lease_ms),
@@ -248,8 +244,9 @@ fn short() -> Vec<Spec> {
     use Fault::*;
     use StoreKind::*;
     let n = 300;
-    let mut specs: Vec<Spec> = Fault::ALL
-        .into_iter()
+    let mut specs: Vec<Spec> = Fault::value_variants()
+        .iter()
+        .copied()
         .filter(|f| !matches!(f, ClientCuts | ProxyKill))
         .map(|f| spec(RedisStreams, Redis, f, n))
         .collect();
@@ -274,9 +271,9 @@ fn short() -> Vec<Spec> {
 /// Every broker, store and fault that fit together.
 fn long() -> Vec<Spec> {
     let mut specs = Vec::new();
-    for broker in Broker::ALL {
-        for store in StoreKind::ALL {
-            for fault in Fault::ALL {
+    for &broker in Broker::value_variants() {
+        for &store in StoreKind::value_variants() {
+            for &fault in Fault::value_variants() {
                 specs.push(Spec {
                     times: 5,
                     ..spec(broker, store, fault, 2000)

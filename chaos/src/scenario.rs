@@ -281,7 +281,7 @@ fn unique(spec: &Spec) -> String {
         .map_or(0, |d| d.as_nanos() % 1_000_000_000);
     format!(
         "chaos_{}_{}_{}",
-        spec.fault.name().replace('-', "_"),
+        spec.fault.to_string().replace('-', "_"),
         std::process::id(),
         nanos
     )

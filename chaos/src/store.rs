@@ -6,12 +6,13 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use clap::ValueEnum;
 use idem_testkit::services;
 use tokio::process::{Child, Command};
 
 /// A store the consumers share (or, for the embedded ones, the one
 /// consumer uses).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum StoreKind {
     Memory,
     File,
@@ -21,32 +22,11 @@ pub enum StoreKind {
     /// A `redis-server` of the run's own with `appendfsync always`.
     RedisAof,
     Postgres,
+    #[value(name = "mariadb")]
     MariaDb,
 }
 
 impl StoreKind {
-    pub const ALL: [StoreKind; 7] = [
-        StoreKind::Memory,
-        StoreKind::File,
-        StoreKind::Tiered,
-        StoreKind::Redis,
-        StoreKind::RedisAof,
-        StoreKind::Postgres,
-        StoreKind::MariaDb,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            StoreKind::Memory => "memory",
-            StoreKind::File => "file",
-            StoreKind::Tiered => "tiered",
-            StoreKind::Redis => "redis",
-            StoreKind::RedisAof => "redis-aof",
-            StoreKind::Postgres => "postgres",
-            StoreKind::MariaDb => "mariadb",
-        }
-    }
-
     pub fn title(self) -> &'static str {
         match self {
             StoreKind::Memory => "memory",
@@ -57,18 +37,6 @@ impl StoreKind {
             StoreKind::Postgres => "PostgreSQL",
             StoreKind::MariaDb => "MariaDB",
         }
-    }
-
-    pub fn parse(name: &str) -> Result<Self, String> {
-        StoreKind::ALL
-            .into_iter()
-            .find(|s| s.name() == name)
-            .ok_or_else(|| {
-                format!(
-                    "unknown store `{name}`; one of: {}",
-                    StoreKind::ALL.map(StoreKind::name).join(", ")
-                )
-            })
     }
 
     /// Whether several consumer processes can share it; the embedded
@@ -88,7 +56,8 @@ impl StoreKind {
 
 impl fmt::Display for StoreKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        let value = self.to_possible_value().expect("no variant is skipped");
+        f.write_str(value.get_name())
     }
 }
 

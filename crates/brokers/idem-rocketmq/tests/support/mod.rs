@@ -98,17 +98,13 @@ impl Fixture {
     }
 
     /// Starts reading the dead-letter topic `%DLQ%GROUP` in a group of its
-    /// own. The topic is created, and a marker published, before the
-    /// reader subscribes (a consumer of a missing topic waits 20 s for its
-    /// next rebalance). A publish straight after the topic is created can
-    /// be refused while the broker registers it, so the marker is retried
-    /// for up to 10 s.
+    /// own. A marker published first makes sure the topic exists before
+    /// the reader subscribes (a consumer of a missing topic waits 20 s for
+    /// its next rebalance). The first publish to a topic that does not
+    /// exist yet can be refused while the broker creates it, so the marker
+    /// is retried for up to 10 s.
     pub async fn dead_letter_reader(&self) -> DeadLetters {
         let topic = format!("%DLQ%{}", self.group);
-        self.publisher
-            .create_topic(&topic, 1)
-            .await
-            .expect("the dead-letter topic is created");
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
             match self.publisher.publish(&topic, MARKER, &[], "marker").await {
