@@ -218,7 +218,7 @@ pub fn judge(run: &Run, ledger: &Ledger) -> Outcome {
         fenced.sort_by_key(|c| c.ended.unwrap_or(c.arrived));
         for pair in fenced.windows(2) {
             o.doubled_fenced += 1;
-            if !explained_fenced(ledger, pair[0], pair[1]) {
+            if !explained_fenced(ledger, &order, pair[0], pair[1]) {
                 o.unexplained_fenced += 1;
                 problem(
                     &mut o,
@@ -288,17 +288,23 @@ fn explained(ledger: &Ledger, earlier: &Call, later: &Call) -> bool {
 /// Whether a fault explains the fenced sink taking `later` after
 /// `earlier`: the earlier holder was killed after its write, or the store
 /// lost its records, or the earlier holder was stopped after its write had
-/// landed (so it could not complete: a crash, as far as the key knows). A
-/// stopped holder's write that lands late must be refused once the next
-/// holder has written: the zombie fault makes sure it has.
-fn explained_fenced(ledger: &Ledger, earlier: &Call, later: &Call) -> bool {
+/// landed (so it could not complete: a crash, as far as the key knows), or
+/// its late write landed before any later holder had shown itself to the
+/// sink (a token check cannot refuse a write whose successor it has not
+/// seen). A stopped holder's write that lands after the next holder's call
+/// must be refused.
+fn explained_fenced(ledger: &Ledger, calls: &[&Call], earlier: &Call, later: &Call) -> bool {
     let from = earlier.arrived;
     let to = later.ended.unwrap_or(later.arrived);
     let written = earlier.ended.unwrap_or(to);
-    ledger
-        .kills
+    let successor_seen = calls
         .iter()
-        .any(|&(p, at)| p == earlier.process && at <= to)
+        .any(|c| c.token > earlier.token && c.arrived < written);
+    !successor_seen && ledger.stops.iter().any(|&(p, _, _)| p == earlier.process)
+        || ledger
+            .kills
+            .iter()
+            .any(|&(p, at)| p == earlier.process && at <= to)
         || ledger.wipes.iter().any(|&at| at >= from && at <= to)
         || ledger
             .stops
@@ -470,6 +476,21 @@ mod tests {
         l.stops.push((1, ms(1), Some(ms(4000))));
         let o = judged(Fault::Zombie, &["a"], &l);
         assert_eq!((o.two_holders, o.refused, o.doubled_fenced), (0, 1, 0));
+        assert!(o.passed(), "{:?}", o.problems);
+    }
+
+    #[test]
+    fn a_late_write_before_any_successor_showed_itself_is_fencings_limit() {
+        // No takeover came while the holder was stopped (the broker gave
+        // the copy to nobody else): its write lands first, and the next
+        // holder's call only arrives after it.
+        let mut l = ledger(&[
+            ("a", call(1, 10, 0, 4000, true)),
+            ("a", call(2, 20, 6000, 6005, true)),
+        ]);
+        l.stops.push((1, ms(1), Some(ms(4000))));
+        let o = judged(Fault::Zombie, &["a"], &l);
+        assert_eq!((o.doubled_fenced, o.unexplained_fenced), (1, 0));
         assert!(o.passed(), "{:?}", o.problems);
     }
 
