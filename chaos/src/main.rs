@@ -260,6 +260,7 @@ fn short() -> Vec<Spec> {
         spec(Kafka, Redis, Duplicates, n),
         spec(RocketMq, Redis, KillAfterEffect, n),
         spec(RedisStreams, File, KillAfterEffect, n),
+        spec(Amqp, Tiered, KillAfterEffect, n),
         spec(Amqp, Memory, Duplicates, n),
         spec(Proxy, Memory, ClientCuts, n),
         spec(Proxy, File, ProxyKill, n),

@@ -1,8 +1,9 @@
 //! The short chaos suite, as CI runs it: every fault on Redis Streams with
-//! the Redis store, and a few on RabbitMQ, NATS, PostgreSQL, MariaDB and the
-//! embedded stores. Fails on anything lost, any double effect no injected
-//! fault explains, any double in the fenced sink where fencing is the
-//! defence, any token out of order, any two live holders of a key.
+//! the Redis store, and a few on RabbitMQ, NATS, Kafka, RocketMQ,
+//! PostgreSQL, MariaDB, the embedded and tiered stores, and the gateway.
+//! Fails on anything lost, any double effect no injected fault explains,
+//! any stale write the fenced sink took after a later holder had called,
+//! any token out of order, any two live holders of a key.
 
 use std::path::Path;
 use std::process::Command;
