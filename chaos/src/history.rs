@@ -108,8 +108,8 @@ impl Outcome {
     }
 
     /// Whether the run kept idem's promise: nothing lost, every double
-    /// explained, the fenced sink single where fencing is the defence,
-    /// tokens in order, one live holder at a time.
+    /// explained, no stale write taken by the fenced sink after a later
+    /// holder had called, tokens in order, one live holder at a time.
     pub fn passed(&self) -> bool {
         self.problems.is_empty()
     }

@@ -2,9 +2,9 @@
 //! real broker's queue, several `idem consume` processes on one store, a
 //! producer and a recording sink (the consumers' HTTP handler), injects one
 //! kind of fault while the messages flow, and checks the history: nothing
-//! lost, every double effect explained by a fault, a fenced sink at one
-//! effect a key where fencing is the defence, tokens increasing per key,
-//! never two live holders. See RELIABILITY.md.
+//! lost, every double effect explained by a fault, no stale write taken by
+//! the fenced sink once a later holder had called, tokens increasing per
+//! key, never two live holders. See RELIABILITY.md.
 //!
 //! ```text
 //! idem-chaos run --broker amqp --store postgres --fault kill-after-effect
