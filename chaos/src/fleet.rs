@@ -86,8 +86,6 @@ pub struct Fleet {
     logs: PathBuf,
     children: Vec<Option<Child>>,
     pub procs: Procs,
-    /// Processes started, restarts included.
-    pub started: u32,
 }
 
 impl Fleet {
@@ -107,7 +105,6 @@ impl Fleet {
             to,
             logs: logs.to_owned(),
             procs,
-            started: 0,
         }
     }
 
@@ -145,7 +142,6 @@ impl Fleet {
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("{} does not start: {e}", self.bin.display()))?;
-        self.started += 1;
         self.procs.started(slot, process, child.id());
         let stdout = child.stdout.take().expect("stdout is piped");
         let mut lines = BufReader::new(stdout).lines();

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
@@ -26,7 +27,7 @@ use crate::fault::Fault;
 use crate::history::{self, Outcome};
 use crate::scenario::Spec;
 use crate::sink::signal;
-use crate::store::Store;
+use crate::store::{Store, free_port};
 
 /// What the upstream saw of one key.
 #[derive(Default)]
@@ -138,10 +139,7 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
         let _ = axum::serve(listener, app).await;
     });
 
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-        l.local_addr().map_err(|e| e.to_string())?.port()
-    };
+    let port = free_port()?;
     let mut args: Vec<String> = vec![
         "proxy".into(),
         "--upstream".into(),
@@ -159,8 +157,8 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     let client = client::Client::new(port);
     let keys: Vec<String> = (0..spec.messages).map(|i| format!("g-{i}")).collect();
     let answers: Arc<Mutex<HashMap<String, Vec<String>>>> = Arc::default();
-    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let cuts = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sent = Arc::new(AtomicU64::new(0));
+    let cuts = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let deadline = started + spec.deadline;
     let clients = {
@@ -174,7 +172,7 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
                         let mut attempt = 0u32;
                         while Instant::now() < deadline {
                             attempt += 1;
-                            sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            sent.fetch_add(1, Ordering::Relaxed);
                             // A third of the keys are first sent by a client
                             // that gives up after 10 ms, mid-request.
                             let cut = attempt == 1 && i % 3 == 0;
@@ -185,7 +183,7 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
                             };
                             match tokio::time::timeout(limit, client.post(&key)).await {
                                 Err(_) => {
-                                    cuts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                    cuts.fetch_add(1, Ordering::Relaxed);
                                 }
                                 Ok(Ok((status, body, _))) if status < 300 => {
                                     answers.lock().entry(key.clone()).or_default().push(body);
@@ -230,13 +228,8 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     let up = std::mem::take(&mut *shared.up.lock());
     let answers = std::mem::take(&mut *answers.lock());
     let mut o = history::gateway_outcome(spec, &keys, elapsed);
-    o.duplicates = sent.load(std::sync::atomic::Ordering::Relaxed) - keys.len() as u64;
-    o.injected = cuts.load(std::sync::atomic::Ordering::Relaxed) + kills.len() as u64;
-    let problem = |o: &mut Outcome, text: String| {
-        if o.problems.len() < 10 {
-            o.problems.push(text);
-        }
-    };
+    o.duplicates = sent.load(Ordering::Relaxed) - keys.len() as u64;
+    o.injected = cuts.load(Ordering::Relaxed) + kills.len() as u64;
     for key in &keys {
         let effects = up.effects.get(key).map_or(&[][..], Vec::as_slice);
         o.calls += effects.len() as u64;
@@ -244,10 +237,7 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
         let got = answers.get(key);
         if got.is_none() {
             o.lost += 1;
-            problem(
-                &mut o,
-                format!("{key}: no answer within {:?}", spec.deadline),
-            );
+            o.problem(format!("{key}: no answer within {:?}", spec.deadline));
         }
         for pair in effects.windows(2) {
             o.doubled_plain += 1;
@@ -256,20 +246,18 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
             let (began, _) = pair[0];
             if !kills.iter().any(|&k| k >= began && k <= pair[1].0) {
                 o.unexplained += 1;
-                problem(
-                    &mut o,
-                    format!("{key}: the upstream ran it again with no kill to explain it"),
-                );
+                o.problem(format!(
+                    "{key}: the upstream ran it again with no kill to explain it"
+                ));
             }
         }
         if let Some(got) = got
             && effects.len() == 1
             && got.iter().any(|a| !a.contains(r#""effect":1"#))
         {
-            problem(
-                &mut o,
-                format!("{key}: a client got {got:?}, not the first outcome"),
-            );
+            o.problem(format!(
+                "{key}: a client got {got:?}, not the first outcome"
+            ));
         }
     }
     Ok(o)

@@ -69,6 +69,13 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// Notes what went wrong, keeping the first ten examples.
+    pub fn problem(&mut self, text: String) {
+        if self.problems.len() < 10 {
+            self.problems.push(text);
+        }
+    }
+
     /// The figures of the report's columns after the run's names, each
     /// with its label.
     pub fn figures(&self) -> [(&'static str, String); 11] {
@@ -178,20 +185,15 @@ pub fn judge(run: &Run, ledger: &Ledger) -> Outcome {
         limits: run.broker.limits(),
         fenced: true,
     };
-    let problem = |o: &mut Outcome, text: String| {
-        if o.problems.len() < 10 {
-            o.problems.push(text);
-        }
-    };
     for key in &run.keys {
         let Some(calls) = ledger.keys.get(key) else {
             o.lost += 1;
-            problem(&mut o, format!("{key}: never handled"));
+            o.problem(format!("{key}: never handled"));
             continue;
         };
         if !calls.iter().any(|c| c.effect) {
             o.lost += 1;
-            problem(&mut o, format!("{key}: {} calls, no effect", calls.len()));
+            o.problem(format!("{key}: {} calls, no effect", calls.len()));
         }
     }
     for (key, calls) in &ledger.keys {
@@ -205,13 +207,10 @@ pub fn judge(run: &Run, ledger: &Ledger) -> Outcome {
             o.doubled_plain += 1;
             if !explained(ledger, pair[0], pair[1]) {
                 o.unexplained += 1;
-                problem(
-                    &mut o,
-                    format!(
-                        "{key}: effect again (token {} after {}) with no fault to explain it",
-                        pair[1].token, pair[0].token
-                    ),
-                );
+                o.problem(format!(
+                    "{key}: effect again (token {} after {}) with no fault to explain it",
+                    pair[1].token, pair[0].token
+                ));
             }
         }
         let mut fenced: Vec<&Call> = effects.iter().copied().filter(|c| c.fenced).collect();
@@ -220,9 +219,7 @@ pub fn judge(run: &Run, ledger: &Ledger) -> Outcome {
             o.doubled_fenced += 1;
             if !explained_fenced(ledger, &order, pair[0], pair[1]) {
                 o.unexplained_fenced += 1;
-                problem(
-                    &mut o,
-                    format!(
+                o.problem(format!(
                         "{key}: the fenced sink took token {} after token {}, a stopped holder's late write",
                         pair[1].token, pair[0].token
                     ),
@@ -235,10 +232,11 @@ pub fn judge(run: &Run, ledger: &Ledger) -> Outcome {
         for c in &order {
             if top.is_some_and(|t| c.token <= t) {
                 o.token_order += 1;
-                problem(
-                    &mut o,
-                    format!("{key}: token {} after {}", c.token, top.unwrap_or(0)),
-                );
+                o.problem(format!(
+                    "{key}: token {} after {}",
+                    c.token,
+                    top.unwrap_or(0)
+                ));
             }
             top = top.max(Some(c.token));
         }
@@ -246,9 +244,7 @@ pub fn judge(run: &Run, ledger: &Ledger) -> Outcome {
             for b in &order[i + 1..] {
                 if overlaps(ledger, run.lease, a, b) {
                     o.two_holders += 1;
-                    problem(
-                        &mut o,
-                        format!(
+                    o.problem(format!(
                             "{key}: token {} (consumer {}, attempt {}) called {:?} after token {} (consumer {}), whose lease was live",
                             b.token,
                             b.slot,

@@ -160,7 +160,8 @@ impl OwnRedis {
     }
 }
 
-fn free_port() -> Result<u16, String> {
+/// A loopback port nothing listens on now.
+pub fn free_port() -> Result<u16, String> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }
