@@ -165,6 +165,13 @@ impl RetryReason {
         self == RetryReason::Failed
     }
 
+    /// The attempts a message has used up once retried for this reason,
+    /// having used `used` before. Saturating: a count read back from a
+    /// header may be anything up to `u32::MAX`.
+    pub fn attempts_used_after(self, used: u32) -> u32 {
+        used.saturating_add(u32::from(self.counts_as_attempt()))
+    }
+
     /// The label used in metrics and logs.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -216,5 +223,22 @@ impl SourceError {
             what: what.into(),
             source: source.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_attempt_count_read_from_a_header_saturates_instead_of_overflowing() {
+        // A producer may send `idem-attempts: 4294967295`.
+        assert_eq!(RetryReason::Failed.attempts_used_after(u32::MAX), u32::MAX);
+        assert_eq!(RetryReason::Failed.attempts_used_after(2), 3);
+        assert_eq!(RetryReason::Busy.attempts_used_after(2), 2);
+        assert_eq!(
+            RetryReason::Unavailable.attempts_used_after(u32::MAX),
+            u32::MAX
+        );
     }
 }

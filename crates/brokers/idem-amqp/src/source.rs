@@ -378,7 +378,7 @@ impl Source for AmqpSource {
         reason: RetryReason,
     ) -> Result<(), SourceError> {
         let r = &delivery.receipt;
-        let made = r.attempts_made + u32::from(reason.counts_as_attempt());
+        let made = reason.attempts_used_after(r.attempts_made);
         let route = RetryRoute::for_delay(delay);
         let queue = r
             .link

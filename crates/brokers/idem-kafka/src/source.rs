@@ -368,8 +368,7 @@ impl Source for KafkaSource {
         delay: Duration,
         reason: RetryReason,
     ) -> Result<(), SourceError> {
-        let made =
-            delivery.message.attempt.saturating_sub(1) + u32::from(reason.counts_as_attempt());
+        let made = reason.attempts_used_after(delivery.message.attempt.saturating_sub(1));
         let config = &self.inner.shared.config;
         match config.retry_level(delay) {
             Some((level, wait)) => {
@@ -384,7 +383,7 @@ impl Source for KafkaSource {
             }
             None => {
                 debug_assert_eq!(config.retry, RetryMode::Blocking);
-                delivery.message.attempt = made + 1;
+                delivery.message.attempt = made.saturating_add(1);
                 self.put_back_later(delivery, delay);
                 Ok(())
             }
