@@ -133,3 +133,10 @@ pub use config::{AmqpConfig, ConfigError};
 pub use error::{ConnectError, PublishError};
 pub use publisher::AmqpPublisher;
 pub use source::{AmqpReceipt, AmqpSource};
+
+/// What a delivery's properties and body decode to, for the fuzz targets in
+/// `fuzz/`; not part of the API.
+#[doc(hidden)]
+pub mod decode {
+    pub use crate::properties::message_of;
+}

@@ -2,6 +2,7 @@
 //! and copied onto republished messages.
 
 use bytes::Bytes;
+use idem_consumer::Message;
 use idem_consumer::copy::{CopyValue, HeaderRules, copy_headers};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
@@ -11,6 +12,19 @@ pub(crate) const PERSISTENT: u8 = 2;
 
 /// The header carrying how many handler attempts a message has used.
 pub(crate) const ATTEMPTS: &str = "idem-attempts";
+
+/// The runner's message for a first delivery with `props` and `body`: its
+/// attempt is one more than the `idem-attempts` header counts.
+pub fn message_of(props: &BasicProperties, body: Bytes) -> Message {
+    Message {
+        id: props.message_id().as_ref().map(|s| s.to_string()),
+        headers: headers_of(props),
+        body,
+        content_type: props.content_type().as_ref().map(|s| s.to_string()),
+        attempt: attempts_made(props).saturating_add(1),
+        ..Message::default()
+    }
+}
 
 /// The headers as name and bytes: strings as they are, numbers and booleans
 /// as decimal text; arrays and tables (such as RabbitMQ's `x-death`) are

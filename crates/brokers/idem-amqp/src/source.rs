@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
-use idem_consumer::{
-    Capabilities, DeadLetter, Delivery, Message, RetryReason, Source, SourceError,
-};
+use idem_consumer::{Capabilities, DeadLetter, Delivery, RetryReason, Source, SourceError};
 use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Acker, BasicProperties, Channel, Consumer};
@@ -16,7 +14,7 @@ use tokio::sync::Mutex;
 
 use crate::delay::RetryRoute;
 use crate::link::Link;
-use crate::properties::{ATTEMPTS, attempts_made, headers_of, republished};
+use crate::properties::{ATTEMPTS, attempts_made, message_of, republished};
 use crate::{AmqpConfig, ConnectError};
 
 /// How long a fetch waits for a first message before answering with none.
@@ -189,15 +187,7 @@ impl AmqpSource {
             tokio::spawn(count_redelivery(receipt, body));
             return;
         }
-        let props = &receipt.properties;
-        let message = Message {
-            id: props.message_id().as_ref().map(|s| s.to_string()),
-            headers: headers_of(props),
-            body,
-            content_type: props.content_type().as_ref().map(|s| s.to_string()),
-            attempt: receipt.attempts_made.saturating_add(1),
-            ..Message::default()
-        };
+        let message = message_of(&receipt.properties, body);
         out.push(Delivery { message, receipt });
     }
 }

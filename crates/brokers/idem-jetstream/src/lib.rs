@@ -43,3 +43,10 @@ pub use config::{ConfigError, JetStreamConfig};
 pub use connect::ConnectError;
 pub use publisher::{JetStreamPublisher, PublishError, Published};
 pub use source::{JetStreamSource, Receipt};
+
+/// What a delivery decodes to, and the headers of its dead letter, for the
+/// fuzz targets in `fuzz/`; not part of the API.
+#[doc(hidden)]
+pub mod decode {
+    pub use crate::source::{dead_letter_headers, message_of};
+}

@@ -215,8 +215,21 @@ fn delivery(m: jetstream::Message) -> Result<Delivery<Receipt>, SourceError> {
     let attempt = u32::try_from(info.delivered.max(1)).unwrap_or(u32::MAX);
     let stream_sequence = info.stream_sequence;
     let (m, acker) = m.split();
-    let mut headers: Vec<(String, Bytes)> = m
-        .headers
+    let message = message_of(m.headers.as_ref(), m.payload, attempt);
+    Ok(Delivery {
+        message,
+        receipt: Receipt {
+            acker,
+            stream_sequence,
+            headers: m.headers,
+        },
+    })
+}
+
+/// The runner's message for a stream message with `headers` and `payload`,
+/// delivered for the `attempt`th time.
+pub fn message_of(headers: Option<&HeaderMap>, payload: Bytes, attempt: u32) -> Message {
+    let mut all: Vec<(String, Bytes)> = headers
         .iter()
         .flat_map(|h| h.iter())
         .flat_map(|(name, values)| {
@@ -229,31 +242,22 @@ fn delivery(m: jetstream::Message) -> Result<Delivery<Receipt>, SourceError> {
         })
         .collect();
     // The header map does not keep order; a stable one reads better.
-    headers.sort_by(|a, b| a.0.cmp(&b.0));
+    all.sort_by(|a, b| a.0.cmp(&b.0));
     let get = |name: &str| {
-        m.headers
-            .as_ref()
+        headers
             .and_then(|h| h.get_last(name))
             .map(|v| v.as_str().to_owned())
     };
-    let message = Message {
+    Message {
         id: get("Nats-Msg-Id"),
         content_type: get("Content-Type"),
-        headers,
-        body: m.payload,
+        headers: all,
+        body: payload,
         attempt,
         // A stream gives one order, not one per lane; the runner sets the
         // key.
         ..Message::default()
-    };
-    Ok(Delivery {
-        message,
-        receipt: Receipt {
-            acker,
-            stream_sequence,
-            headers: m.headers,
-        },
-    })
+    }
 }
 
 /// A header whose name starts with `Nats-` is one the server acts on when
@@ -264,7 +268,8 @@ const NATS_HEADERS: HeaderRules = HeaderRules {
     is_control: |name| name.len() >= 5 && name.as_bytes()[..5].eq_ignore_ascii_case(b"nats-"),
 };
 
-/// The headers of the dead letter of the message `receipt` settles: its own
+/// The headers of the dead letter of stream message `stream_sequence`
+/// carrying `headers`: its own
 /// (with NATS control headers kept as `idem-original-<name>`), idem's, and
 /// a `Nats-Msg-Id` naming the stream message.
 ///
@@ -278,13 +283,13 @@ const NATS_HEADERS: HeaderRules = HeaderRules {
 /// value with CR or LF, and a panic here would leave the message to come
 /// back forever. idem's values are escaped by `copy_headers`; the
 /// original's came from the server and parse again.
-fn dead_letter_headers(
+pub fn dead_letter_headers(
     stream: &str,
-    receipt: &Receipt,
+    stream_sequence: u64,
+    headers: Option<&HeaderMap>,
     why: &DeadLetter,
 ) -> Result<HeaderMap, BoxError> {
-    let original = receipt
-        .headers
+    let original = headers
         .iter()
         .flat_map(|h| h.iter())
         .flat_map(|(name, values)| {
@@ -292,12 +297,10 @@ fn dead_letter_headers(
                 .iter()
                 .map(move |v| (AsRef::<str>::as_ref(name), v.as_str()))
         });
-    let producer_id = receipt
-        .headers
-        .as_ref()
+    let producer_id = headers
         .and_then(|h| h.get_last("Nats-Msg-Id"))
         .map(|v| v.as_str());
-    let dead_letter_id = format!("{stream}:{}", receipt.stream_sequence);
+    let dead_letter_id = format!("{stream}:{stream_sequence}");
     let why = why.headers();
     let mut idem: Vec<(&str, &str)> = why.iter().map(|(n, v)| (*n, v.as_str())).collect();
     if let Some(id) = producer_id {
@@ -357,7 +360,13 @@ impl Source for JetStreamSource {
         why: DeadLetter,
     ) -> Result<(), SourceError> {
         let receipt = &delivery.receipt;
-        let headers = dead_letter_headers(&self.inner.stream, receipt, &why).map_err(|e| {
+        let headers = dead_letter_headers(
+            &self.inner.stream,
+            receipt.stream_sequence,
+            receipt.headers.as_ref(),
+            &why,
+        )
+        .map_err(|e| {
             SourceError::new(
                 format!(
                     "dead-lettering stream message {}: building its headers",

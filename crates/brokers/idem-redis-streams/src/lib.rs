@@ -89,3 +89,18 @@ pub use config::{ConfigError, RedisStreamConfig};
 pub use connect::ConnectError;
 pub use publisher::{PublishError, RedisStreamPublisher};
 pub use source::{Backlog, RedisStreamReceipt, RedisStreamSource};
+
+/// What an entry Redis answers with decodes to, for the fuzz targets in
+/// `fuzz/`; not part of the API.
+#[doc(hidden)]
+pub mod decode {
+    use idem_consumer::Message;
+    use redis::Value;
+
+    /// The message of the entry `id` with the flat `[field, value, …]`
+    /// array `fields`, delivered `deliveries` times; `None` for what is not
+    /// an entry.
+    pub fn message_of(id: &Value, fields: &Value, deliveries: u32) -> Option<Message> {
+        crate::entry::Entry::parse(id, fields).map(|e| e.message(deliveries))
+    }
+}

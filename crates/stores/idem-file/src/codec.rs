@@ -15,6 +15,7 @@ const HAS_FINGERPRINT: u8 = 1;
 const HAS_OUTCOME: u8 = 2;
 const HEADER: usize = 1 + 8 + 8 + 8 + 1;
 
+/// The value stored for the completed record `r`.
 pub fn encode_completed(r: &Completed) -> Vec<u8> {
     let outcome_len = r.outcome.as_ref().map_or(0, Bytes::len);
     let mut out = Vec::with_capacity(HEADER + 16 + outcome_len);
@@ -54,6 +55,7 @@ fn check_header(value: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// The completed record stored as `value`, or what is wrong with it.
 pub fn decode_completed(value: &[u8]) -> Result<Completed, String> {
     check_header(value)?;
     let u64_at = |at: usize| u64::from_le_bytes(value[at..at + 8].try_into().expect("8 bytes"));
@@ -103,6 +105,7 @@ pub fn expiry_key(expires_at: Timestamp, encoded_key: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The expiry time and encoded key of the expiry index key `k`.
 pub fn split_expiry_key(k: &[u8]) -> Option<(Timestamp, &[u8])> {
     let (t, key) = k.split_at_checked(8)?;
     Some((

@@ -59,6 +59,13 @@ use tokio::sync::oneshot;
 use self::claims::{Claim, Claims, encoded};
 use self::codec::{decode_completed, encode_completed, expiry_key};
 pub use self::commit::Durability;
+
+/// The on-disk record format, for the fuzz targets in `fuzz/`; not part of
+/// the API.
+#[doc(hidden)]
+pub mod on_disk {
+    pub use crate::codec::{decode_completed, encode_completed, expires_at_of, split_expiry_key};
+}
 use self::commit::{Job, Put};
 use self::records::Records;
 use parking_lot::MutexGuard;
