@@ -23,13 +23,20 @@ pub struct ConnectError {
 /// `url` with its credentials hidden, for messages and logs:
 /// `redis://user:secret@host:6379/0` reads `redis://user:***@host:6379/0`.
 /// Everything before the last `@` counts as credentials, so a password
-/// with a stray `@` or `/` in it stays hidden too.
+/// with a stray `@` or `/` in it stays hidden too. Tabs and line breaks are
+/// dropped first, as URL parsers (the Redis client's among them) drop them:
+/// `redis:/⏎/user:secret@host` connects with the password, so it is hidden
+/// too.
 pub fn redacted(url: &str) -> String {
+    let url: String = url
+        .chars()
+        .filter(|c| !matches!(c, '\t' | '\n' | '\r'))
+        .collect();
     let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+        return url;
     };
     let Some((credentials, host)) = rest.rsplit_once('@') else {
-        return url.to_owned();
+        return url;
     };
     match credentials.split_once(':') {
         Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
@@ -178,6 +185,24 @@ mod tests {
         ];
         for (url, shown) in cases {
             assert_eq!(redacted(url), shown, "{url}");
+        }
+    }
+
+    #[test]
+    fn a_password_in_a_url_broken_by_tabs_or_line_breaks_is_hidden_too() {
+        // URL parsers drop tabs and line breaks: each of these connects
+        // with the password `secret`.
+        for url in [
+            "redis:/\n/app:secret@h:6379",
+            "redis://app:se\tcret@h",
+            "redis:\r\n//:secret@h",
+        ] {
+            let shown = redacted(url);
+            assert!(
+                !shown.contains("secret") && !shown.contains("se\tcret"),
+                "{url:?} shown as {shown:?}"
+            );
+            assert!(shown.contains("***@h"), "{shown:?}");
         }
     }
 }
