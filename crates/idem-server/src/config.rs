@@ -24,6 +24,11 @@ pub struct CommonArgs {
     /// Largest request body in bytes [default: 16777216].
     #[arg(long, env = "IDEM_MAX_BODY_BYTES", value_name = "BYTES")]
     pub max_body_bytes: Option<usize>,
+    /// How long a client may take to send a request's headers, and then
+    /// its body, in milliseconds; a slower one gets 408 or is disconnected
+    /// [default: 30000].
+    #[arg(long, env = "IDEM_READ_TIMEOUT_MS", value_name = "MS")]
+    pub read_timeout_ms: Option<u64>,
     /// Require a bearer token: NAMESPACES=TOKEN, where NAMESPACES is a
     /// comma-separated list or `*` for all. Repeat the flag for more tokens;
     /// in IDEM_AUTH_TOKENS separate them with `;`.
@@ -173,6 +178,7 @@ pub struct FileSettings {
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub max_body_bytes: Option<usize>,
+    pub read_timeout_ms: Option<u64>,
     pub max_key_bytes: Option<usize>,
     pub max_outcome_bytes: Option<usize>,
     pub max_batch: Option<usize>,
@@ -307,6 +313,8 @@ pub struct Common {
     pub listen: SocketAddr,
     pub tls: Option<(PathBuf, PathBuf)>,
     pub max_body_bytes: usize,
+    /// The time a client has for a request's headers, and then its body.
+    pub read_timeout: Duration,
     pub auth: Auth,
     pub settings: StoreSettings,
 }
@@ -509,6 +517,13 @@ pub fn resolve_common(
     if max_body_bytes == 0 {
         return Err(bad("max_body_bytes", "must be at least 1"));
     }
+    let read_timeout_ms = args
+        .read_timeout_ms
+        .or(file.read_timeout_ms)
+        .unwrap_or(30_000);
+    if read_timeout_ms == 0 {
+        return Err(bad("read_timeout_ms", "must be at least 1"));
+    }
     let tls = match (
         args.tls_cert.or(file.tls_cert.clone()),
         args.tls_key.or(file.tls_key.clone()),
@@ -541,6 +556,7 @@ pub fn resolve_common(
         listen,
         tls,
         max_body_bytes,
+        read_timeout: Duration::from_millis(read_timeout_ms),
         auth: Auth::new(grants),
         settings: resolve_store(args.store, file)?,
     })

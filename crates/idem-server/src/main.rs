@@ -141,6 +141,10 @@ pub async fn serve_until_signal(
         }
     });
     let make = app.into_make_service();
+    // A client that trickles its headers would hold its connection (and
+    // its buffer) for as long as it likes; the body has its own deadline
+    // in the router.
+    let read_timeout = common.read_timeout;
     let served = match &common.tls {
         Some((cert, key)) => {
             let tls = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
@@ -151,16 +155,20 @@ pub async fn serve_until_signal(
                         format!("cannot load {} / {}: {e}", cert.display(), key.display()),
                     )
                 })?;
-            axum_server::bind_rustls(common.listen, tls)
-                .handle(handle)
-                .serve(make)
-                .await
+            let mut server = axum_server::bind_rustls(common.listen, tls);
+            server
+                .http_builder()
+                .http1()
+                .header_read_timeout(read_timeout);
+            server.handle(handle).serve(make).await
         }
         None => {
-            axum_server::bind(common.listen)
-                .handle(handle)
-                .serve(make)
-                .await
+            let mut server = axum_server::bind(common.listen);
+            server
+                .http_builder()
+                .http1()
+                .header_read_timeout(read_timeout);
+            server.handle(handle).serve(make).await
         }
     };
     served.map_err(|e| Failure::Run(format!("cannot serve on {}: {e}", common.listen)))

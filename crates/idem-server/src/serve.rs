@@ -54,6 +54,7 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
             default_lease: common.default_lease,
             default_retention: common.default_retention,
             max_body_bytes: common.max_body_bytes,
+            body_timeout: common.read_timeout,
         },
         auth: common.auth.clone(),
         metrics: Some(metrics),

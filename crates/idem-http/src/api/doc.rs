@@ -43,6 +43,9 @@ pub(super) enum V1Problems {
 #[derive(utoipa::IntoResponses)]
 #[allow(dead_code)]
 pub(super) enum BodyProblems {
+    /// The body did not arrive within the read timeout of its headers.
+    #[response(status = 408, content_type = "application/problem+json")]
+    Timeout(Problem),
     /// The body or the outcome is over its limit.
     #[response(status = 413, content_type = "application/problem+json")]
     TooLarge(Problem),

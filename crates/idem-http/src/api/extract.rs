@@ -1,6 +1,8 @@
 //! What the handlers take from a request: the checked namespace and the JSON
 //! body, with refusals as problems.
 
+use std::time::Duration;
+
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use bytes::Bytes;
 use http::request::Parts;
@@ -52,20 +54,25 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
                 declared.map(|t| t.to_str().unwrap_or("(not text)")),
             ));
         }
-        let limit = match req.extensions().get::<BodyLimit>() {
-            Some(BodyLimit(l)) => *l,
-            None => usize::MAX,
-        };
-        Bytes::from_request(req, state)
-            .await
-            .map(JsonBody)
-            .map_err(|e| {
-                if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    Problem::body_too_large(limit)
-                } else {
-                    Problem::malformed(e.body_text())
-                }
-            })
+        let limit = req
+            .extensions()
+            .get::<BodyLimit>()
+            .copied()
+            .unwrap_or(BodyLimit {
+                bytes: usize::MAX,
+                timeout: Duration::MAX,
+            });
+        // A body trickled in a byte at a time would hold the connection and
+        // its buffer for as long as the client likes.
+        let read = tokio::time::timeout(limit.timeout, Bytes::from_request(req, state));
+        match read.await {
+            Ok(Ok(bytes)) => Ok(JsonBody(bytes)),
+            Ok(Err(e)) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Err(Problem::body_too_large(limit.bytes))
+            }
+            Ok(Err(e)) => Err(Problem::malformed(e.body_text())),
+            Err(_) => Err(Problem::body_timeout(limit.timeout)),
+        }
     }
 }
 
@@ -92,9 +99,12 @@ fn is_json(content_type: &HeaderValue) -> bool {
     !kind.is_empty() && (kind.eq_ignore_ascii_case("application") && json(subtype) || suffix)
 }
 
-/// The body limit, for the problem that names it.
+/// The body's limits: its size, and the time it may take to arrive.
 #[derive(Clone, Copy)]
-pub(super) struct BodyLimit(pub usize);
+pub(super) struct BodyLimit {
+    pub bytes: usize,
+    pub timeout: Duration,
+}
 
 #[cfg(test)]
 mod tests {

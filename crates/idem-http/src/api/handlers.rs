@@ -6,7 +6,7 @@ use axum::Json;
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http::header;
+use http::{StatusCode, header};
 use idem_core::{
     Begin, BeginItem, CompleteItem, Fenced, FencingToken, Fingerprint, Key, Lease, Namespace,
     Record, Store,
@@ -151,6 +151,19 @@ fn complete_item(
     r: CompleteRequest,
     config: &ApiConfig,
 ) -> Result<CompleteItem, Problem> {
+    if let Some(raw) = &r.outcome
+        && nests_deeper_than(raw.get().as_bytes(), MAX_OUTCOME_NESTING)
+    {
+        return Err(Problem::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-input",
+            "Invalid input",
+            format!(
+                "the outcome nests arrays and objects more than {MAX_OUTCOME_NESTING} levels deep; \
+                 JSON readers (idem's own among them) refuse deeper nesting or overflow their stack on it"
+            ),
+        ));
+    }
     let outcome = r
         .outcome
         .map(|raw| Bytes::from(String::from(Box::<str>::from(raw))));
@@ -162,6 +175,42 @@ fn complete_item(
             .retention_ms
             .map_or(config.default_retention, Duration::from_millis),
     })
+}
+
+/// Deepest nesting of arrays and objects an outcome may have: the most
+/// serde_json reads, so that every outcome stored can be read back by a
+/// guard.
+/// An outcome is kept as the text sent and never parsed into values, so
+/// without this check the service would store what its clients cannot read.
+const MAX_OUTCOME_NESTING: usize = 127;
+
+/// Whether the JSON text `json` (already checked to be JSON) nests arrays
+/// and objects more than `max` levels deep.
+fn nests_deeper_than(json: &[u8], max: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in json {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
 }
 
 /// Converts each request of a batch, naming the first bad one.
@@ -472,4 +521,27 @@ pub(super) async fn openapi() -> Response {
             .expect("the API document serializes"),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcome_nesting_counts_arrays_and_objects_but_not_brackets_in_strings() {
+        let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(!nests_deeper_than(nested(127).as_bytes(), 127));
+        assert!(nests_deeper_than(nested(128).as_bytes(), 127));
+        // The most serde_json reads, and one more.
+        let read = |n: usize| serde_json::from_str::<serde_json::Value>(&nested(n)).is_ok();
+        assert!(read(MAX_OUTCOME_NESTING) && !read(MAX_OUTCOME_NESTING + 1));
+        assert!(nests_deeper_than(br#"{"a":[{"b":[1]}]}"#, 3));
+        assert!(!nests_deeper_than(br#"{"a":[{"b":1}]}"#, 3));
+        // Brackets and escaped quotes inside strings are text.
+        assert!(!nests_deeper_than(
+            br#"["[[[[", "\"[[[", {"k\\": "{{"}]"#,
+            2
+        ));
+        assert!(!nests_deeper_than(b"\"[[[\"", 0));
+    }
 }

@@ -39,8 +39,10 @@ pub(super) async fn authorize(
         });
         return p.into_response();
     }
-    req.extensions_mut()
-        .insert(BodyLimit(state.config.max_body_bytes));
+    req.extensions_mut().insert(BodyLimit {
+        bytes: state.config.max_body_bytes,
+        timeout: state.config.body_timeout,
+    });
     next.run(req).await
 }
 

@@ -45,6 +45,9 @@ pub struct ApiConfig {
     pub default_retention: Duration,
     /// The largest request body, in bytes.
     pub max_body_bytes: usize,
+    /// How long a client may take to send a body once its headers are in;
+    /// a slower one gets 408 and its connection is closed.
+    pub body_timeout: Duration,
 }
 
 impl Default for ApiConfig {
@@ -53,6 +56,7 @@ impl Default for ApiConfig {
             default_lease: Duration::from_secs(30),
             default_retention: Duration::from_secs(24 * 3600),
             max_body_bytes: 16 * 1024 * 1024,
+            body_timeout: Duration::from_secs(30),
         }
     }
 }

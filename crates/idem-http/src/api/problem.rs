@@ -94,6 +94,19 @@ impl Problem {
         )
     }
 
+    /// 408: the body did not arrive within `limit` of the headers.
+    pub fn body_timeout(limit: Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request-timeout",
+            "Request timeout",
+            format!(
+                "the request body did not arrive within {} ms of its headers (set `read_timeout_ms`); send the whole body at once",
+                limit.as_millis()
+            ),
+        )
+    }
+
     /// 415: the body is not declared as JSON; `declared` is its
     /// `Content-Type`, if any.
     pub fn not_json(declared: Option<&str>) -> Self {

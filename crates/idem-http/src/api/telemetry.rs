@@ -1,5 +1,7 @@
 //! What the service counts, and `/metrics` to read it.
 
+use std::collections::HashSet;
+use std::sync::{OnceLock, RwLock};
 use std::time::Duration;
 
 use axum::response::{IntoResponse, Response};
@@ -27,6 +29,40 @@ pub(super) fn refused(reason: &'static str) {
     metrics::counter!("idem_refused_requests_total", "reason" => reason).increment(1);
 }
 
+/// Most namespaces that get series of their own. Without auth any client
+/// names namespaces, and each would add series to `/metrics` for as long as
+/// the process runs; past this many, operations count under
+/// [`OTHER_NAMESPACES`].
+const MAX_NAMESPACE_LABELS: usize = 1000;
+
+/// The `namespace` label of operations on namespaces past
+/// [`MAX_NAMESPACE_LABELS`]: not a valid namespace, so it names none.
+const OTHER_NAMESPACES: &str = "(other)";
+
+/// The `namespace` label for `ns`: its name, while it is one of the first
+/// [`MAX_NAMESPACE_LABELS`] namespaces seen.
+fn namespace_label(ns: &Namespace) -> String {
+    static SEEN: OnceLock<RwLock<HashSet<String>>> = OnceLock::new();
+    let seen = SEEN.get_or_init(Default::default);
+    let name = ns.as_str();
+    if seen
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(name)
+    {
+        return name.to_owned();
+    }
+    let mut seen = seen.write().unwrap_or_else(|e| e.into_inner());
+    if seen.len() < MAX_NAMESPACE_LABELS {
+        seen.insert(name.to_owned());
+    }
+    if seen.contains(name) {
+        name.to_owned()
+    } else {
+        OTHER_NAMESPACES.to_owned()
+    }
+}
+
 /// One store operation on `ns` and its result.
 pub(super) fn operation(ns: &Namespace, operation: &'static str, result: &'static str) {
     operations(ns, operation, result, 1);
@@ -38,7 +74,7 @@ pub(super) fn operation(ns: &Namespace, operation: &'static str, result: &'stati
 pub(super) fn operations(ns: &Namespace, operation: &'static str, result: &'static str, n: u64) {
     metrics::counter!(
         "idem_operations_total",
-        "namespace" => ns.as_str().to_owned(),
+        "namespace" => namespace_label(ns),
         "operation" => operation,
         "result" => result
     )
@@ -47,7 +83,7 @@ pub(super) fn operations(ns: &Namespace, operation: &'static str, result: &'stat
 
 /// `n` acquisitions that took over an expired lease.
 pub(super) fn takeovers(ns: &Namespace, n: u64) {
-    metrics::counter!("idem_lease_takeovers_total", "namespace" => ns.as_str().to_owned())
+    metrics::counter!("idem_lease_takeovers_total", "namespace" => namespace_label(ns))
         .increment(n);
 }
 
@@ -55,7 +91,7 @@ pub(super) fn takeovers(ns: &Namespace, n: u64) {
 pub(super) fn stale(ns: &Namespace, operation: &'static str) {
     metrics::counter!(
         "idem_stale_tokens_total",
-        "namespace" => ns.as_str().to_owned(),
+        "namespace" => namespace_label(ns),
         "operation" => operation
     )
     .increment(1);
