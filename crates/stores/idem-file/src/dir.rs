@@ -42,3 +42,17 @@ pub fn sync_tree(path: &Path) -> io::Result<()> {
     }
     File::open(path)?.sync_all()
 }
+
+/// The engine's journal files in `path` (`N.jnl`) and their sizes: compared
+/// after the engine opened, they show what its recovery cut off.
+pub fn journal_sizes(path: &Path) -> Vec<(std::path::PathBuf, u64)> {
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jnl"))
+        .filter_map(|p| Some((p.clone(), std::fs::metadata(&p).ok()?.len())))
+        .collect()
+}

@@ -92,6 +92,17 @@ pub enum OpenError {
         /// What failed.
         source: fjall::Error,
     },
+    /// The engine found the store's files damaged: a checksum that does not
+    /// match, a file cut short, bytes that are not what the engine wrote.
+    #[error(
+        "the store at {path} is damaged: {source}; its files no longer read back as they were written, so the store refuses to open rather than lose or change records; restore the directory from a backup, or move it aside and start over in an empty directory once every client that may still hold a token has stopped"
+    )]
+    Damaged {
+        /// The directory.
+        path: PathBuf,
+        /// What the engine found.
+        source: fjall::Error,
+    },
     /// The stored token ceiling is damaged: the store cannot know which
     /// fencing tokens it already issued, and reusing one would let a stale
     /// holder pass as the current one.
@@ -125,6 +136,39 @@ pub enum OpenError {
         /// What failed.
         source: std::io::Error,
     },
+}
+
+/// Says what the engine's recovery cut off the end of a journal: bytes
+/// that did not read back as a whole write batch. After a crash that is the
+/// batch being written, which was never acknowledged; after a clean
+/// shutdown, or more than one batch, it is damage, and the records it held
+/// are gone. The engine cannot tell the two apart, so this is said loudly
+/// rather than refused: refusing would stop every restart after a crash.
+fn report_cut_journals(path: &Path, before: &[(PathBuf, u64)]) {
+    for (file, was) in before {
+        let now = std::fs::metadata(file).map_or(0, |m| m.len());
+        if now < *was {
+            tracing::warn!(
+                "the store at {} cut {} bytes off the end of its journal {} ({was} bytes before, {now} after): they did not read back as a whole write. After a crash that is the write under way, which no client was told had landed; if the store was shut down cleanly, or more was cut than one write, the journal was damaged and the records it held are gone: restore the directory from a backup",
+                path.display(),
+                was - now,
+                file.display(),
+            );
+        }
+    }
+}
+
+impl OpenError {
+    /// What the engine's `source` means for the store at `path`: damaged
+    /// files, or a directory it cannot use (in use, not permitted).
+    fn from_engine(path: &Path, source: fjall::Error) -> Self {
+        let path = path.to_path_buf();
+        if is_damage(&source) {
+            OpenError::Damaged { path, source }
+        } else {
+            OpenError::Engine { path, source }
+        }
+    }
 }
 
 /// The embedded durable store; see the [crate docs](crate).
@@ -262,15 +306,14 @@ impl FileStoreBuilder {
             path: path.clone(),
             source,
         })?;
-        let engine = |source| OpenError::Engine {
-            path: path.clone(),
-            source,
-        };
+        let engine = |source| OpenError::from_engine(&path, source);
+        let journals = dir::journal_sizes(&path);
         let db = Database::builder(&path)
             .cache_size(self.cache_bytes)
             .manual_journal_persist(true)
             .open()
             .map_err(engine)?;
+        report_cut_journals(&path, &journals);
         let records = db.keyspace("records", keyspace_options).map_err(engine)?;
         let expiry = db.keyspace("expiry", keyspace_options).map_err(engine)?;
         let meta = db
@@ -386,6 +429,38 @@ fn keyspace_options() -> KeyspaceCreateOptions {
     KeyspaceCreateOptions::default().max_memtable_size(MEMTABLE_BYTES)
 }
 
+/// Whether the engine's error says its files are damaged (a checksum that
+/// does not match, a file cut short, one its own records name but that is
+/// missing, bytes it did not write), rather than that it cannot use them now
+/// (locked, not permitted, a failed write).
+fn is_damage(e: &fjall::Error) -> bool {
+    let damaged_io = |e: &std::io::Error| {
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::InvalidData
+                | std::io::ErrorKind::UnexpectedEof
+                | std::io::ErrorKind::NotFound
+        )
+    };
+    match e {
+        fjall::Error::Locked | fjall::Error::Poisoned | fjall::Error::KeyspaceDeleted => false,
+        fjall::Error::Io(e) | fjall::Error::Storage(fjall::LsmError::Io(e)) => damaged_io(e),
+        _ => true,
+    }
+}
+
+/// A failed read: corruption when the files are damaged (no retry will
+/// help), the store unavailable otherwise.
+fn read_failed(e: fjall::Error) -> StoreError {
+    if is_damage(&e) {
+        StoreError::Corrupt(format!(
+            "the store's files are damaged ({e}); restore the directory from a backup"
+        ))
+    } else {
+        StoreError::unavailable(e)
+    }
+}
+
 fn corrupt(key: &[u8], detail: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(format!(
         "record {:?}: {detail}",
@@ -411,7 +486,7 @@ impl Inner {
 
     /// The completed record stored for `encoded`, live or not.
     fn read_completed(&self, encoded: &[u8]) -> Result<Option<Completed>, StoreError> {
-        let value = self.records.get(encoded).map_err(StoreError::unavailable)?;
+        let value = self.records.get(encoded).map_err(read_failed)?;
         value
             .map(|v| decode_completed(&v).map_err(|e| corrupt(encoded, e)))
             .transpose()
@@ -715,7 +790,7 @@ impl Inner {
             if from_disk >= query.limit {
                 break;
             }
-            let (k, v) = item.into_inner().map_err(StoreError::unavailable)?;
+            let (k, v) = item.into_inner().map_err(read_failed)?;
             if !past_cursor(&k) || found.contains_key(&k[..]) {
                 continue;
             }

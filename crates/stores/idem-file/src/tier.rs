@@ -13,13 +13,13 @@ use tokio::sync::oneshot;
 use crate::claims::{self, Claim, encoded};
 use crate::codec::{encode_completed, expires_at_of, expiry_key};
 use crate::commit::{Job, Put};
-use crate::{FileStore, Inner, corrupt, off_workers};
+use crate::{FileStore, Inner, corrupt, off_workers, read_failed};
 
 impl Inner {
     /// When the completed record stored for `encoded` expires, if there is
     /// one: what an import decides on, without copying the outcome.
     fn read_expiry(&self, encoded: &[u8]) -> Result<Option<Timestamp>, StoreError> {
-        let value = self.records.get(encoded).map_err(StoreError::unavailable)?;
+        let value = self.records.get(encoded).map_err(read_failed)?;
         value
             .map(|v| expires_at_of(&v).map_err(|e| corrupt(encoded, e)))
             .transpose()
@@ -174,7 +174,7 @@ impl Inner {
             return Ok(keys);
         }
         for item in self.records.range::<&[u8], _>((start, Bound::Unbounded)) {
-            let (k, v) = item.into_inner().map_err(StoreError::unavailable)?;
+            let (k, v) = item.into_inner().map_err(read_failed)?;
             if expires_at_of(&v).map_err(|e| corrupt(&k, e))? > now {
                 keys.push(Key::decode(&k).map_err(|e| corrupt(&k, e))?);
                 if keys.len() == limit {

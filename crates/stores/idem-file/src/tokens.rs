@@ -54,10 +54,7 @@ pub enum ResumeError {
 impl ResumeError {
     pub fn into_open_error(self, path: &Path) -> OpenError {
         match self {
-            Self::Engine(source) => OpenError::Engine {
-                path: path.to_path_buf(),
-                source,
-            },
+            Self::Engine(source) => OpenError::from_engine(path, source),
             Self::CorruptCeiling(value) => OpenError::CorruptTokenCeiling {
                 path: path.to_path_buf(),
                 value,
