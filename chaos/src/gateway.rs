@@ -25,7 +25,7 @@ use tokio::process::{Child, Command};
 
 use crate::fault::Fault;
 use crate::history::{self, Outcome};
-use crate::scenario::Spec;
+use crate::scenario::{Spec, at};
 use crate::sink::signal;
 use crate::store::{Store, free_port};
 
@@ -122,6 +122,7 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
         .tempdir()
         .map_err(|e| format!("a temporary directory: {e}"))?;
     let name = format!("chaos_gateway_{}", std::process::id());
+    at("starting the store");
     let store = Store::start(spec.store, &name, dir.path()).await?;
 
     let shared = Arc::new(Shared {
@@ -152,7 +153,9 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
         "warn".into(),
     ];
     args.extend(store.args.iter().cloned());
+    at("starting idem proxy");
     let mut proxy = Proxy::start(idem, args, port).await?;
+    at("sending the requests");
 
     let client = client::Client::new(port);
     let keys: Vec<String> = (0..spec.messages).map(|i| format!("g-{i}")).collect();
@@ -216,14 +219,18 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             kills.push(shared.start.elapsed());
+            at("killing and restarting idem proxy");
             proxy.kill_and_restart(port).await?;
+            at("sending the requests");
         }
     }
     let _ = clients.await;
     let elapsed = started.elapsed();
+    at("stopping idem proxy and the store");
     let _ = proxy.child.kill().await;
     server.abort();
     store.stop().await;
+    at("judging the history");
 
     let up = std::mem::take(&mut *shared.up.lock());
     let answers = std::mem::take(&mut *answers.lock());

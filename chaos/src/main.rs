@@ -126,7 +126,20 @@ fn main() -> ExitCode {
             continue;
         }
         eprintln!("run: {}", spec.command());
-        match rt.block_on(scenario::run(spec, &idem)) {
+        // A step that hangs (a broker that never answers, a process that
+        // never exits) fails its run rather than the whole suite.
+        let bound = spec.deadline + Duration::from_secs(90);
+        let result = rt.block_on(async {
+            tokio::time::timeout(bound, scenario::run(spec, &idem))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(format!(
+                        "did not finish within {bound:?}; it hung at: {}",
+                        scenario::stage()
+                    ))
+                })
+        });
+        match result {
             Ok(o) => {
                 eprintln!("  {}", summary(&o));
                 if cli.json {

@@ -82,6 +82,19 @@ impl Spec {
     }
 }
 
+/// The step the current run is at, for the report when one hangs.
+static STAGE: std::sync::Mutex<&str> = std::sync::Mutex::new("starting");
+
+/// Records the step the run is at.
+pub fn at(stage: &'static str) {
+    *STAGE.lock().unwrap_or_else(|e| e.into_inner()) = stage;
+}
+
+/// The step the current run is at.
+pub fn stage() -> &'static str {
+    *STAGE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// How long the run waits with nothing happening before it calls the
 /// messages settled.
 const QUIET: Duration = Duration::from_millis(1500);
@@ -106,17 +119,22 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
         .prefix("idem-chaos-")
         .tempdir()
         .map_err(|e| format!("a temporary directory: {e}"))?;
+    at("starting the store");
     let mut store = Store::start(spec.store, &name, dir.path()).await?;
 
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let procs = Procs::default();
     let plan = Plan::new(spec.fault, spec.messages, spec.times);
+    at("starting the sink");
     let sink = Sink::start(plan, spec.lease, procs.clone(), events_tx).await?;
+    at("opening the broker's queue");
     let channel = Arc::new(Channel::open(spec.broker, &name).await?);
 
     let args = consumer_args(spec, &channel.from, &store.args);
     let mut fleet = Fleet::new(idem, args, sink.url(), consumers, dir.path(), procs);
+    at("starting the consumers");
     fleet.start().await?;
+    at("waiting for the messages");
 
     let started = Instant::now();
     let keys: Vec<String> = (0..spec.messages).map(|i| format!("k-{i}")).collect();
@@ -152,10 +170,12 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
                 Event::Killed(slot) => {
                     // An orchestrator's restart, a moment later.
                     tokio::time::sleep(Duration::from_millis(300)).await;
+                    at("restarting a killed consumer");
                     if let Err(e) = fleet.restart(slot).await {
                         failure = Some(e);
                         break;
                     }
+                    at("waiting for the messages");
                 }
                 Event::Duplicate(key) => {
                     let channel = channel.clone();
@@ -175,6 +195,7 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
             sink.with(|l| (l.applied, l.in_flight, l.last_call, l.last_fault));
         if !restarted && applied * 10 >= keys.len() * 4 {
             restarted = true;
+            at("restarting the store");
             match store.restart().await {
                 Ok(true) => sink.wiped(),
                 Ok(false) => sink.restarted(),
@@ -194,11 +215,13 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
                     .take(20)
                     .collect()
             });
+            at("publishing copies of completed messages");
             for key in done {
                 if channel.publish(&key, 4).await.is_ok() {
                     duplicates.fetch_add(1, Ordering::Relaxed);
                 }
             }
+            at("waiting for the messages");
         }
         let now = sink.now();
         let quiet = last_call.is_none_or(|t| now.saturating_sub(t) > QUIET);
@@ -219,12 +242,14 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
             // Duplicates of completed messages: they must be acked
             // without a call.
             None if spec.fault == Fault::Duplicates => {
+                at("publishing copies of completed messages");
                 for key in keys.iter().step_by(20) {
                     if channel.publish(key, 2).await.is_ok() {
                         duplicates.fetch_add(1, Ordering::Relaxed);
                     }
                 }
                 after_copies = Some(Instant::now());
+                at("waiting for the copies");
             }
             Some(at) if at.elapsed() < QUIET * 2 => {}
             _ => break,
@@ -232,12 +257,16 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     }
     let elapsed = started.elapsed();
     producer.abort();
+    at("stopping the consumers");
     let forced_stops = fleet.stop(Duration::from_secs(15)).await;
     let ledger = sink.finish();
+    at("stopping the store");
     store.stop().await;
+    at("closing the broker's connection");
     if let Ok(channel) = Arc::try_unwrap(channel) {
         channel.close().await;
     }
+    at("judging the history");
     if let Some(e) = failure {
         return Err(keep(dir, &e));
     }

@@ -6,7 +6,12 @@
 //! any token out of order, any two live holders of a key.
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The whole suite's bound: it takes about four minutes; each run inside
+/// it has a bound of its own, and this one catches anything past them.
+const LIMIT: Duration = Duration::from_secs(20 * 60);
 
 #[test]
 fn the_short_suite_loses_nothing_and_explains_every_double() {
@@ -20,12 +25,29 @@ fn the_short_suite_loses_nothing_and_explains_every_double() {
         );
         return;
     }
-    let out = Command::new(chaos)
+    // The suite's progress goes straight to this test's standard error, so
+    // a slow run shows where it is.
+    let mut child = Command::new(chaos)
         .args(["suite", "--idem"])
         .arg(&idem)
-        .output()
-        .expect("idem-chaos runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("{stderr}");
-    assert!(out.status.success(), "the short suite failed:\n{stderr}");
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("idem-chaos starts");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("idem-chaos can be waited on") {
+            break status;
+        }
+        if started.elapsed() > LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the short suite did not finish within {LIMIT:?}; its runs are above");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        status.success(),
+        "the short suite failed ({status}); its runs are above"
+    );
 }
