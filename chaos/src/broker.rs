@@ -19,6 +19,9 @@ use idem_rocketmq::RocketMqPublisher;
 
 use idem_testkit::services;
 
+use crate::store::{shell, start_daemon, wait_port};
+use crate::toxic::{Toxic, reroute};
+
 /// A broker idem consumes from (as named on the command line).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Broker {
@@ -61,6 +64,74 @@ impl Broker {
     }
 }
 
+impl Broker {
+    /// Why the consumers cannot reach it through a fault proxy, if they
+    /// cannot.
+    pub fn unproxied(self) -> Option<&'static str> {
+        match self {
+            Broker::Kafka | Broker::RocketMq => Some(
+                "the broker tells clients its own address: connections would go around a proxy",
+            ),
+            _ => None,
+        }
+    }
+
+    /// Why the run cannot restart it, if it cannot.
+    pub fn unrestartable(self) -> Option<&'static str> {
+        match self {
+            Broker::RedisStreams => Some(
+                "the stream lives in the test Redis, which keeps nothing on disk: a restart \
+                 loses the messages before idem sees them",
+            ),
+            Broker::Kafka => Some("the test broker keeps its records in memory"),
+            Broker::RocketMq => Some("the RocketMQ broker is not restarted by the harness"),
+            _ => None,
+        }
+    }
+
+    /// Stops the broker and starts it again, its messages kept on disk.
+    pub async fn restart(self) -> Result<(), String> {
+        match self {
+            Broker::Amqp => {
+                shell("rabbitmqctl", &["stop_app"]).await?;
+                shell("rabbitmqctl", &["start_app"]).await?;
+                wait_port(5672).await
+            }
+            Broker::Nats => {
+                shell(
+                    "start-stop-daemon",
+                    &[
+                        "--stop",
+                        "--oknodo",
+                        "--retry",
+                        "10",
+                        "--exec",
+                        "/usr/sbin/nats-server",
+                    ],
+                )
+                .await?;
+                start_daemon(
+                    "/usr/sbin/nats-server",
+                    &[
+                        "-a",
+                        "127.0.0.1",
+                        "-p",
+                        "4222",
+                        "-js",
+                        "-sd",
+                        "/var/lib/nats-server",
+                        "-l",
+                        "/var/log/nats-server.log",
+                    ],
+                )
+                .await?;
+                wait_port(4222).await
+            }
+            _ => Err(self.unrestartable().unwrap_or("no broker").to_owned()),
+        }
+    }
+}
+
 impl fmt::Display for Broker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let value = self.to_possible_value().expect("no variant is skipped");
@@ -86,6 +157,22 @@ enum Producer {
 }
 
 impl Channel {
+    /// Sends the consumers' broker connections through a fault proxy.
+    pub async fn through_proxy(&mut self, broker: Broker) -> Result<Toxic, String> {
+        let default = match broker {
+            Broker::Amqp => 5672,
+            Broker::Nats => 4222,
+            _ => 6379,
+        };
+        let (_, host, port) =
+            reroute(&self.from, 1, default).ok_or_else(|| format!("cannot read {}", self.from))?;
+        let toxic = Toxic::start(host, port).await?;
+        self.from = reroute(&self.from, toxic.port, default)
+            .expect("read above")
+            .0;
+        Ok(toxic)
+    }
+
     /// Makes the queue, stream or topic `name` (letters, digits and `_`),
     /// empty, ready to publish to before any consumer starts.
     pub async fn open(broker: Broker, name: &str) -> Result<Self, String> {
@@ -161,7 +248,11 @@ impl Channel {
                 // One record per batch, for the test broker.
                 let publisher = KafkaPublisher::with_properties(
                     &brokers,
-                    &[("linger.ms", "0"), ("batch.num.messages", "1")],
+                    &[
+                        ("linger.ms", "0"),
+                        ("batch.num.messages", "1"),
+                        ("message.timeout.ms", "10000"),
+                    ],
                 )
                 .map_err(|e| e.to_string())?;
                 Ok(Self {

@@ -29,8 +29,28 @@ pub enum Fault {
     /// takes the key over, then `SIGCONT`: the stopped one's write comes
     /// late with a stale token.
     Zombie,
-    /// The store's server killed and started again mid-run.
+    /// The store's server killed and started again mid-run (a Redis of
+    /// the run's own), or the system's PostgreSQL or MariaDB restarted.
     StoreRestart,
+    /// Every connection between the consumers and the store cut (through
+    /// a TCP fault proxy), a few times.
+    StoreCut,
+    /// The store slowed past the lease: every chunk each way waits a lease,
+    /// for two leases, a few times. Renewals cannot land; the watchdog
+    /// reports each lease lost before another consumer can take it.
+    StoreSlow,
+    /// The SQL server ends the consumers' sessions mid-transaction
+    /// (`pg_terminate_backend`, `KILL CONNECTION`), a few times.
+    DbCut,
+    /// Every connection between the consumers and the broker cut (through
+    /// a TCP fault proxy), a few times.
+    BrokerCut,
+    /// The broker link slowed: 200 ms each way a chunk and 64 KiB/s, for
+    /// two leases, a few times.
+    BrokerSlow,
+    /// The broker stopped and started again (RabbitMQ `stop_app` and
+    /// `start_app`, the NATS server restarted).
+    BrokerRestart,
     /// Gateway: clients that give up mid-request (a cut connection) and
     /// retry.
     ClientCuts,
@@ -51,6 +71,12 @@ impl Fault {
             Fault::KillInRetry => "kill -9 in a retry chain",
             Fault::Zombie => "SIGSTOP past the lease, then SIGCONT",
             Fault::StoreRestart => "store restart",
+            Fault::StoreCut => "store connections cut",
+            Fault::StoreSlow => "store slowed past the lease",
+            Fault::DbCut => "SQL sessions ended mid-transaction",
+            Fault::BrokerCut => "broker connections cut",
+            Fault::BrokerSlow => "broker link slowed and throttled",
+            Fault::BrokerRestart => "broker restart",
             Fault::ClientCuts => "clients cut requests at 10 ms and retry",
             Fault::ProxyKill => "kill -9 of idem proxy mid-request, and client cuts",
         }
@@ -63,7 +89,13 @@ impl Fault {
                 Some("needs a second consumer on the same store to take the key over")
             }
             Fault::StoreRestart if !store.restartable() => {
-                Some("the run can restart only a store server of its own (Redis)")
+                Some("the store lives in the consumer's process: a kill is its restart")
+            }
+            Fault::StoreCut | Fault::StoreSlow if !store.shared() => {
+                Some("the store lives in the consumer's process: no connection to cut or slow")
+            }
+            Fault::DbCut if !matches!(store, StoreKind::Postgres | StoreKind::MariaDb) => {
+                Some("sessions ended by the SQL server: PostgreSQL and MariaDB only")
             }
             Fault::KillAfterBegin
             | Fault::KillAfterEffect
@@ -75,6 +107,20 @@ impl Fault {
             }
             _ => None,
         }
+    }
+
+    /// Whether the run injects the fault `times` times as the messages
+    /// are applied.
+    pub fn timed(self) -> bool {
+        matches!(
+            self,
+            Fault::StoreCut
+                | Fault::StoreSlow
+                | Fault::DbCut
+                | Fault::BrokerCut
+                | Fault::BrokerSlow
+                | Fault::BrokerRestart
+        )
     }
 
     /// Whether the fault is injected at handler calls (the rest are timed

@@ -205,7 +205,7 @@ pub fn judge(run: &Run, ledger: &Ledger) -> Outcome {
         o.effects += effects.len() as u64;
         for pair in effects.windows(2) {
             o.doubled_plain += 1;
-            if !explained(ledger, pair[0], pair[1]) {
+            if !explained(ledger, run.lease, pair[0], pair[1]) {
                 o.unexplained += 1;
                 o.problem(format!(
                     "{key}: effect again (token {} after {}) with no fault to explain it",
@@ -217,7 +217,7 @@ pub fn judge(run: &Run, ledger: &Ledger) -> Outcome {
         fenced.sort_by_key(|c| c.ended.unwrap_or(c.arrived));
         for pair in fenced.windows(2) {
             o.doubled_fenced += 1;
-            if !explained_fenced(ledger, &order, pair[0], pair[1]) {
+            if !explained_fenced(ledger, run.lease, &order, pair[0], pair[1]) {
                 o.unexplained_fenced += 1;
                 o.problem(format!(
                         "{key}: the fenced sink took token {} after token {}, a stopped holder's late write",
@@ -266,14 +266,16 @@ pub fn judge(run: &Run, ledger: &Ledger) -> Outcome {
 /// `earlier`: the earlier holder's process was killed before the later
 /// write (a call its process sent just before the kill can reach the sink
 /// after it, and never be completed), or stopped, or the store lost its
-/// records in between.
-fn explained(ledger: &Ledger, earlier: &Call, later: &Call) -> bool {
+/// records in between, or a link was disrupted while the earlier holder's
+/// claim was live (its `complete` or renewals could not land).
+fn explained(ledger: &Ledger, lease: Duration, earlier: &Call, later: &Call) -> bool {
     let from = earlier.arrived;
     let to = later.ended.unwrap_or(later.arrived);
-    ledger
-        .kills
-        .iter()
-        .any(|&(p, at)| p == earlier.process && at <= to)
+    disrupted(ledger, lease, earlier, to)
+        || ledger
+            .kills
+            .iter()
+            .any(|&(p, at)| p == earlier.process && at <= to)
         || ledger
             .stops
             .iter()
@@ -289,14 +291,21 @@ fn explained(ledger: &Ledger, earlier: &Call, later: &Call) -> bool {
 /// sink (a token check cannot refuse a write whose successor it has not
 /// seen). A stopped holder's write that lands after the next holder's call
 /// must be refused.
-fn explained_fenced(ledger: &Ledger, calls: &[&Call], earlier: &Call, later: &Call) -> bool {
+fn explained_fenced(
+    ledger: &Ledger,
+    lease: Duration,
+    calls: &[&Call],
+    earlier: &Call,
+    later: &Call,
+) -> bool {
     let from = earlier.arrived;
     let to = later.ended.unwrap_or(later.arrived);
     let written = earlier.ended.unwrap_or(to);
     let successor_seen = calls
         .iter()
         .any(|c| c.token > earlier.token && c.arrived < written);
-    !successor_seen && ledger.stops.iter().any(|&(p, _, _)| p == earlier.process)
+    disrupted(ledger, lease, earlier, to)
+        || !successor_seen && ledger.stops.iter().any(|&(p, _, _)| p == earlier.process)
         || ledger
             .kills
             .iter()
@@ -306,6 +315,17 @@ fn explained_fenced(ledger: &Ledger, calls: &[&Call], earlier: &Call, later: &Ca
             .stops
             .iter()
             .any(|&(p, stopped, _)| p == earlier.process && written <= stopped)
+}
+
+/// Whether a link was disrupted while `earlier`'s claim was live: from its
+/// call to a lease after it ended (its `complete`, its renewals), and
+/// before `to`.
+fn disrupted(ledger: &Ledger, lease: Duration, earlier: &Call, to: Duration) -> bool {
+    let live_until = earlier.ended.unwrap_or(to) + lease;
+    ledger
+        .disruptions
+        .iter()
+        .any(|&(start, end)| start <= live_until.min(to) && end >= earlier.arrived)
 }
 
 /// Whether `b` was called while `a`'s holder certainly still held the key:
@@ -424,6 +444,33 @@ mod tests {
         let o = judged(Fault::None, &["a"], &l);
         assert_eq!((o.doubled_plain, o.unexplained), (1, 1));
         assert_eq!((o.doubled_fenced, o.unexplained_fenced), (1, 1));
+        assert!(!o.passed());
+    }
+
+    #[test]
+    fn a_double_effect_across_a_store_cut_in_its_claim_is_explained() {
+        let mut l = ledger(&[
+            ("a", call(1, 10, 0, 5, true)),
+            ("a", call(2, 20, 3000, 3005, true)),
+        ]);
+        // Cut 1 s after the first call: its lease was still live.
+        l.disruptions.push((ms(1000), ms(1000)));
+        let o = judged(Fault::StoreCut, &["a"], &l);
+        assert_eq!((o.doubled_plain, o.unexplained), (1, 0));
+        assert_eq!((o.doubled_fenced, o.unexplained_fenced), (1, 0));
+        assert!(o.passed(), "{:?}", o.problems);
+    }
+
+    #[test]
+    fn a_cut_after_the_first_claim_ended_explains_no_double() {
+        let mut l = ledger(&[
+            ("a", call(1, 10, 0, 5, true)),
+            ("a", call(2, 20, 9000, 9005, true)),
+        ]);
+        // Cut well past the first call's lease.
+        l.disruptions.push((ms(6000), ms(6000)));
+        let o = judged(Fault::StoreCut, &["a"], &l);
+        assert_eq!((o.doubled_plain, o.unexplained), (1, 1));
         assert!(!o.passed());
     }
 

@@ -20,6 +20,7 @@ mod report;
 mod scenario;
 mod sink;
 mod store;
+mod toxic;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -275,6 +276,12 @@ fn short() -> Vec<Spec> {
         spec(RedisStreams, File, KillAfterEffect, n),
         spec(Amqp, Tiered, KillAfterEffect, n),
         spec(Amqp, Memory, Duplicates, n),
+        spec(Amqp, Postgres, StoreRestart, n),
+        spec(Amqp, Postgres, DbCut, n),
+        spec(Nats, MariaDb, DbCut, n),
+        spec(Amqp, Redis, BrokerRestart, n),
+        spec(Nats, RedisAof, BrokerRestart, n),
+        spec(Nats, Postgres, StoreSlow, n),
         spec(Proxy, Memory, ClientCuts, n),
         spec(Proxy, File, ProxyKill, n),
         spec(Proxy, Postgres, ProxyKill, n),

@@ -15,6 +15,7 @@ use crate::fleet::{Fleet, Procs};
 use crate::history::{self, Outcome, Run};
 use crate::sink::{Event, Sink};
 use crate::store::{Store, StoreKind};
+use crate::toxic::Toxic;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -78,6 +79,16 @@ impl Spec {
                 "tansu never gives a dead or stopped member's partitions to another member",
             );
         }
+        if matches!(self.fault, Fault::BrokerCut | Fault::BrokerSlow)
+            && let Some(why) = self.broker.unproxied()
+        {
+            return Some(why);
+        }
+        if matches!(self.fault, Fault::BrokerRestart)
+            && let Some(why) = self.broker.unrestartable()
+        {
+            return Some(why);
+        }
         self.fault.unfit(self.store)
     }
 }
@@ -128,7 +139,17 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     at("starting the sink");
     let sink = Sink::start(plan, spec.lease, procs.clone(), events_tx).await?;
     at("opening the broker's queue");
-    let channel = Arc::new(Channel::open(spec.broker, &name).await?);
+    let mut channel = Channel::open(spec.broker, &name).await?;
+    // The links a fault proxy stands in.
+    let store_link = match spec.fault {
+        Fault::StoreCut | Fault::StoreSlow => Some(store.through_proxy().await?),
+        _ => None,
+    };
+    let broker_link = match spec.fault {
+        Fault::BrokerCut | Fault::BrokerSlow => Some(channel.through_proxy(spec.broker).await?),
+        _ => None,
+    };
+    let channel = Arc::new(channel);
 
     let args = consumer_args(spec, &channel.from, &store.args);
     let mut fleet = Fleet::new(idem, args, sink.url(), consumers, dir.path(), procs);
@@ -157,6 +178,15 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     ));
 
     let mut restarted = spec.fault != Fault::StoreRestart;
+    // Timed faults go in as these many messages have had their effect.
+    let thresholds: Vec<usize> = if spec.fault.timed() {
+        (1..=spec.times)
+            .map(|k| keys.len() * k / (spec.times + 1))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut timed = 0;
     let mut after_copies: Option<Instant> = None;
     let mut failure = None;
     let mut timed_out = None;
@@ -196,6 +226,7 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
         if !restarted && applied * 10 >= keys.len() * 4 {
             restarted = true;
             at("restarting the store");
+            let from = sink.now();
             match store.restart().await {
                 Ok(true) => sink.wiped(),
                 Ok(false) => sink.restarted(),
@@ -204,6 +235,7 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
                     break;
                 }
             }
+            sink.disrupted(from, sink.now());
             // Copies of messages completed before the restart: a store
             // that kept its records answers them without a call; one that
             // lost them runs them again.
@@ -223,6 +255,16 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
             }
             at("waiting for the messages");
         }
+        if timed < thresholds.len() && applied >= thresholds[timed] {
+            timed += 1;
+            at("injecting a fault");
+            let links = (store_link.as_ref(), broker_link.as_ref());
+            if let Err(e) = inject(spec, &store, links, &sink).await {
+                failure = Some(e);
+                break;
+            }
+            at("waiting for the messages");
+        }
         let now = sink.now();
         let quiet = last_call.is_none_or(|t| now.saturating_sub(t) > QUIET);
         // What a kill or a stop left behind comes back after its lease
@@ -234,7 +276,8 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
             && quiet
             && recovered
             && produced.load(Ordering::Relaxed)
-            && restarted;
+            && restarted
+            && timed == thresholds.len();
         if !settled {
             continue;
         }
@@ -295,6 +338,42 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
         outcome.problems.push(logs);
     }
     Ok(outcome)
+}
+
+/// Injects one timed fault and notes its window in the sink.
+async fn inject(
+    spec: &Spec,
+    store: &Store,
+    (store_link, broker_link): (Option<&Toxic>, Option<&Toxic>),
+    sink: &Sink,
+) -> Result<(), String> {
+    let from = sink.now();
+    match spec.fault {
+        Fault::StoreCut => store_link.expect("the store is proxied").cut(),
+        Fault::BrokerCut => broker_link.expect("the broker is proxied").cut(),
+        Fault::StoreSlow => {
+            let link = store_link.expect("the store is proxied");
+            link.slow(spec.lease);
+            tokio::time::sleep(spec.lease * 2).await;
+            link.slow(Duration::ZERO);
+        }
+        Fault::BrokerSlow => {
+            let link = broker_link.expect("the broker is proxied");
+            link.slow(Duration::from_millis(200));
+            link.limit(64 * 1024);
+            tokio::time::sleep(spec.lease * 2).await;
+            link.slow(Duration::ZERO);
+            link.limit(0);
+        }
+        Fault::DbCut => {
+            store.end_sessions().await?;
+        }
+        Fault::BrokerRestart => spec.broker.restart().await?,
+        _ => {}
+    }
+    sink.disrupted(from, sink.now());
+    sink.with(|l| l.injected += 1);
+    Ok(())
 }
 
 /// Keeps `dir` and says where it is.

@@ -74,6 +74,8 @@ pub struct Ledger {
     pub applied: usize,
     /// When the store lost its records (a restart without persistence).
     pub wipes: Vec<Duration>,
+    /// When a store or broker link was cut, slowed or restarted: from, to.
+    pub disruptions: Vec<(Duration, Duration)>,
     /// Faults injected.
     pub injected: u64,
     /// When the last kill, stop or wipe happened.
@@ -231,6 +233,15 @@ impl Sink {
             l.wipes.push(now);
             l.last_fault = Some(now);
             l.injected += 1;
+        });
+    }
+
+    /// Notes that a link to the store or the broker was disrupted from
+    /// `from` to `to`.
+    pub fn disrupted(&self, from: Duration, to: Duration) {
+        self.with(|l| {
+            l.disruptions.push((from, to));
+            l.last_fault = Some(to);
         });
     }
 

@@ -10,6 +10,8 @@ use clap::ValueEnum;
 use idem_testkit::services;
 use tokio::process::{Child, Command};
 
+use crate::toxic::{Toxic, reroute};
+
 /// A store the consumers share (or, for the embedded ones, the one
 /// consumer uses).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -50,7 +52,7 @@ impl StoreKind {
 
     /// Whether the run can restart its server.
     pub fn restartable(self) -> bool {
-        matches!(self, StoreKind::Redis | StoreKind::RedisAof)
+        self.shared()
     }
 }
 
@@ -108,13 +110,117 @@ impl Store {
     }
 
     /// Kills the store's server and starts it again on the same port and
-    /// files; answers whether its records were lost (no persistence).
+    /// files, or restarts the system's SQL server; answers whether its
+    /// records were lost (no persistence).
     pub async fn restart(&mut self) -> Result<bool, String> {
+        match self.kind {
+            StoreKind::Postgres => {
+                let version = std::fs::read_dir("/etc/postgresql")
+                    .ok()
+                    .and_then(|mut d| d.next())
+                    .and_then(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .ok_or("no PostgreSQL cluster under /etc/postgresql to restart")?;
+                shell(
+                    "pg_ctlcluster",
+                    &["--skip-systemctl-redirect", &version, "main", "restart"],
+                )
+                .await?;
+                wait_port(5432).await?;
+                return Ok(false);
+            }
+            StoreKind::MariaDb => {
+                shell(
+                    "mariadb-admin",
+                    &["-h", "127.0.0.1", "-u", "root", "shutdown"],
+                )
+                .await?;
+                start_daemon("/usr/sbin/mariadbd", &[]).await?;
+                wait_port(3306).await?;
+                return Ok(false);
+            }
+            _ => {}
+        }
         let Some(redis) = &mut self.redis else {
             return Err(format!("the run cannot restart the {} store", self.kind));
         };
         redis.restart().await?;
         Ok(!redis.aof)
+    }
+
+    /// Sends the consumers' store connections through a fault proxy.
+    pub async fn through_proxy(&mut self) -> Result<Toxic, String> {
+        let at = self
+            .args
+            .iter()
+            .position(|a| a == "--store")
+            .ok_or("the store has no URL to send through a proxy")?;
+        let url = &self.args[at + 1];
+        let default = match self.kind {
+            StoreKind::Postgres => 5432,
+            StoreKind::MariaDb => 3306,
+            _ => 6379,
+        };
+        let placeholder = reroute(url, 1, default).ok_or_else(|| format!("cannot read {url}"))?;
+        let toxic = Toxic::start(placeholder.1, placeholder.2).await?;
+        self.args[at + 1] = reroute(url, toxic.port, default).expect("read above").0;
+        Ok(toxic)
+    }
+
+    /// Ends every session of the consumers on the SQL server, whatever
+    /// they were doing; answers how many.
+    pub async fn end_sessions(&self) -> Result<usize, String> {
+        match self.kind {
+            StoreKind::Postgres => {
+                let url = services::url(
+                    "IDEM_TEST_POSTGRES_URL",
+                    "postgres://postgres@127.0.0.1:5432/test",
+                );
+                let out = shell(
+                    "psql",
+                    &[
+                        &url,
+                        "-tAc",
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                         WHERE datname = current_database() AND pid <> pg_backend_pid() \
+                         AND backend_type = 'client backend'",
+                    ],
+                )
+                .await?;
+                Ok(out.trim().parse().unwrap_or(0))
+            }
+            StoreKind::MariaDb => {
+                let ids = shell(
+                    "mariadb",
+                    &[
+                        "-h",
+                        "127.0.0.1",
+                        "-u",
+                        "root",
+                        "-N",
+                        "-e",
+                        "SELECT id FROM information_schema.processlist \
+                         WHERE db = 'test' AND id <> CONNECTION_ID()",
+                    ],
+                )
+                .await?;
+                let kills: String = ids
+                    .split_whitespace()
+                    .filter(|id| id.parse::<u64>().is_ok())
+                    .map(|id| format!("KILL CONNECTION {id};"))
+                    .collect();
+                if !kills.is_empty() {
+                    // A session that ended by itself meanwhile is no error.
+                    let _ = shell(
+                        "mariadb",
+                        &["-h", "127.0.0.1", "-u", "root", "-f", "-e", &kills],
+                    )
+                    .await;
+                }
+                Ok(ids.split_whitespace().count())
+            }
+            _ => Err(format!("the {} store has no sessions to end", self.kind)),
+        }
     }
 
     pub async fn stop(self) {
@@ -222,4 +328,51 @@ async fn ping(port: u16) -> bool {
         tokio::time::timeout(Duration::from_secs(1), s.read(&mut buf)).await,
         Ok(Ok(n)) if buf[..n].starts_with(b"+PONG")
     )
+}
+
+/// Runs `program` with `args` (at most a minute); answers its standard
+/// output, or what went wrong.
+pub async fn shell(program: &str, args: &[&str]) -> Result<String, String> {
+    let run = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .map_err(|_| format!("{program} did not finish within a minute"))?
+        .map_err(|e| format!("{program} does not run: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{program} {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Waits up to a minute for something to listen on a loopback port.
+pub async fn wait_port(port: u16) -> Result<(), String> {
+    for _ in 0..600 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!("nothing listens on 127.0.0.1:{port} a minute on"))
+}
+
+/// Starts a system service's program in the background, as the machine's
+/// own start script does.
+pub async fn start_daemon(exec: &str, args: &[&str]) -> Result<(), String> {
+    let mut all = vec!["--start", "--oknodo", "--background", "--exec", exec];
+    if !args.is_empty() {
+        all.push("--");
+        all.extend_from_slice(args);
+    }
+    shell("start-stop-daemon", &all).await.map(drop)
 }

@@ -25,6 +25,12 @@ use crate::{JetStreamConfig, JetStreamPublisher};
 /// How long a fetch waits for a first message before answering with none.
 const FETCH_WAIT: Duration = Duration::from_secs(1);
 
+/// How long a pull request may go without a word from the server. A
+/// request sent as the server goes down is lost with it, and the client
+/// waits for no answer that will come (a request that does not wait has no
+/// timer of its own): past this, the pull ends with what it has.
+const PULL_SILENCE: Duration = Duration::from_secs(6);
+
 /// A JetStream stream read through a durable pull consumer, as the runner's
 /// [`Source`]. Clones share the connection.
 ///
@@ -171,7 +177,21 @@ async fn take(
 ) -> Result<Vec<Delivery<Receipt>>, SourceError> {
     let mut batch = batch.map_err(|e| SourceError::new("pulling messages", e))?;
     let mut out = Vec::new();
-    while let Some(m) = batch.next().await {
+    loop {
+        let Ok(next) = tokio::time::timeout(PULL_SILENCE, batch.next()).await else {
+            if out.is_empty() {
+                return Err(SourceError::new(
+                    "pulling messages",
+                    format!(
+                        "the server did not answer a pull request within {} s \
+                         (restarted or unreachable?)",
+                        PULL_SILENCE.as_secs()
+                    ),
+                ));
+            }
+            break;
+        };
+        let Some(m) = next else { break };
         match m {
             Ok(m) => out.push(delivery(m)?),
             // What came before the error is returned; the rest of the
