@@ -78,9 +78,8 @@ impl Procs {
 
 /// The consumer processes of a run.
 pub struct Fleet {
-    bin: PathBuf,
-    /// Arguments for every slot.
-    args: Vec<String>,
+    /// The program and arguments of each slot.
+    commands: Vec<(PathBuf, Vec<String>)>,
     /// The handler URL without `/{slot}/{incarnation}`.
     to: String,
     logs: PathBuf,
@@ -89,19 +88,17 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// `slots` consumers running `bin` with `args` and `--to TO/SLOT/N`.
+    /// One consumer a command (a program and its arguments), each given
+    /// `--to TO/SLOT/N`.
     pub fn new(
-        bin: &Path,
-        args: Vec<String>,
+        commands: Vec<(PathBuf, Vec<String>)>,
         to: String,
-        slots: usize,
         logs: &Path,
         procs: Procs,
     ) -> Self {
         Self {
-            bin: bin.to_owned(),
-            children: (0..slots).map(|_| None).collect(),
-            args,
+            children: (0..commands.len()).map(|_| None).collect(),
+            commands,
             to,
             logs: logs.to_owned(),
             procs,
@@ -132,8 +129,9 @@ impl Fleet {
             .open(&log)
             .map_err(|e| format!("{}: {e}", log.display()))?;
         let process = self.procs.next();
-        let mut child = Command::new(&self.bin)
-            .args(&self.args)
+        let (bin, args) = &self.commands[slot];
+        let mut child = Command::new(bin)
+            .args(args)
             .arg("--to")
             .arg(format!("{}/{slot}/{process}", self.to))
             .env_remove("IDEM_CONFIG")
@@ -141,7 +139,7 @@ impl Fleet {
             .stderr(stderr)
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| format!("{} does not start: {e}", self.bin.display()))?;
+            .map_err(|e| format!("{} does not start: {e}", bin.display()))?;
         self.procs.started(slot, process, child.id());
         let stdout = child.stdout.take().expect("stdout is piped");
         let mut lines = BufReader::new(stdout).lines();

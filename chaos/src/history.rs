@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::broker::Broker;
 use crate::fault::Fault;
-use crate::scenario::Spec;
+use crate::scenario::{RunnerKind, Spec};
 use crate::sink::{Call, End, Ledger};
 use crate::store::StoreKind;
 
@@ -23,6 +23,8 @@ pub struct Outcome {
     pub broker: &'static str,
     pub store: &'static str,
     pub fault: &'static str,
+    /// Which consumer processes ran.
+    pub runner: &'static str,
     pub consumers: usize,
     /// Distinct messages published.
     pub sent: usize,
@@ -80,7 +82,14 @@ impl Outcome {
     /// with its label.
     pub fn figures(&self) -> [(&'static str, String); 11] {
         [
-            ("consumers", self.consumers.to_string()),
+            (
+                "consumers",
+                if self.runner == RunnerKind::Sidecar.title() {
+                    self.consumers.to_string()
+                } else {
+                    format!("{} ({})", self.consumers, self.runner)
+                },
+            ),
             ("sent", self.sent.to_string()),
             ("copies", self.duplicates.to_string()),
             ("faults", self.injected.to_string()),
@@ -129,6 +138,7 @@ pub fn gateway_outcome(spec: &Spec, keys: &[String], elapsed: Duration) -> Outco
         broker: spec.broker,
         store: spec.store,
         fault: spec.fault,
+        runner: spec.runner,
         consumers: 1,
         keys: Vec::new(),
         duplicates: 0,
@@ -146,6 +156,7 @@ pub fn gateway_outcome(spec: &Spec, keys: &[String], elapsed: Duration) -> Outco
 /// What the run knew besides the ledger.
 pub struct Run {
     pub broker: Broker,
+    pub runner: RunnerKind,
     pub store: StoreKind,
     pub fault: Fault,
     pub consumers: usize,
@@ -163,6 +174,7 @@ pub fn judge(run: &Run, ledger: &Ledger) -> Outcome {
         broker: run.broker.title(),
         store: run.store.title(),
         fault: run.fault.title(),
+        runner: run.runner.title(),
         consumers: run.consumers,
         sent: run.keys.len(),
         duplicates: run.duplicates,
@@ -397,6 +409,7 @@ mod tests {
             broker: Broker::RedisStreams,
             store: StoreKind::Redis,
             fault,
+            runner: RunnerKind::Sidecar,
             consumers: 2,
             keys: keys.iter().map(|k| k.to_string()).collect(),
             duplicates: 0,

@@ -21,6 +21,7 @@ mod scenario;
 mod sink;
 mod store;
 mod toxic;
+mod worker;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -31,7 +32,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use broker::Broker;
 use fault::Fault;
 use history::Outcome;
-use scenario::Spec;
+use scenario::{RunnerKind, Spec};
 use store::StoreKind;
 
 #[derive(Parser)]
@@ -59,6 +60,9 @@ enum Command {
         /// instead, with the faults client-cuts and proxy-kill.
         #[arg(long, value_enum)]
         broker: Broker,
+        /// The consumer processes.
+        #[arg(long, value_enum, default_value_t = RunnerKind::Sidecar)]
+        runner: RunnerKind,
         /// The store: redis is a server of the run's own without
         /// persistence, redis-aof one with appendfsync always.
         #[arg(long, value_enum)]
@@ -82,6 +86,9 @@ enum Command {
         #[arg(long, default_value_t = 120)]
         deadline_s: u64,
     },
+    /// One consumer process on the library's runner (started by a run).
+    #[command(hide = true)]
+    Worker(worker::WorkerArgs),
     /// A matrix of runs: the short one (a few minutes, what CI runs) or,
     /// with --long, every broker, store and fault that fit together.
     Suite {
@@ -95,6 +102,19 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Worker(args) = cli.command {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("a Tokio runtime");
+        return match rt.block_on(worker::run(args)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("idem-chaos worker: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let idem = match cli.idem.clone().map_or_else(beside_this_program, Ok) {
         Ok(p) => p,
         Err(e) => {
@@ -216,6 +236,7 @@ fn specs(command: &Command) -> Result<Vec<Spec>, String> {
     match command {
         Command::Run {
             broker,
+            runner,
             store,
             fault,
             messages,
@@ -225,6 +246,7 @@ fn specs(command: &Command) -> Result<Vec<Spec>, String> {
             deadline_s,
         } => Ok(vec![Spec {
             broker: *broker,
+            runner: *runner,
             store: *store,
             fault: *fault,
             messages: *messages,
@@ -235,12 +257,14 @@ fn specs(command: &Command) -> Result<Vec<Spec>, String> {
         }]),
         Command::Suite { long: false, .. } => Ok(short()),
         Command::Suite { long: true, .. } => Ok(long()),
+        Command::Worker(_) => Ok(Vec::new()),
     }
 }
 
 fn spec(broker: Broker, store: StoreKind, fault: Fault, messages: usize) -> Spec {
     Spec {
         broker,
+        runner: RunnerKind::Sidecar,
         store,
         fault,
         messages,
@@ -276,6 +300,18 @@ fn short() -> Vec<Spec> {
         spec(RedisStreams, File, KillAfterEffect, n),
         spec(Amqp, Tiered, KillAfterEffect, n),
         spec(Amqp, Memory, Duplicates, n),
+        Spec {
+            runner: RunnerKind::Mixed,
+            ..spec(RedisStreams, Redis, KillAfterEffect, n)
+        },
+        Spec {
+            runner: RunnerKind::Library,
+            ..spec(Nats, Redis, Zombie, n)
+        },
+        Spec {
+            runner: RunnerKind::Mixed,
+            ..spec(Amqp, RedisAof, StoreSlow, n)
+        },
         spec(Amqp, Postgres, StoreRestart, n),
         spec(Amqp, Postgres, DbCut, n),
         spec(Nats, MariaDb, DbCut, n),
@@ -293,12 +329,15 @@ fn short() -> Vec<Spec> {
 fn long() -> Vec<Spec> {
     let mut specs = Vec::new();
     for &broker in Broker::value_variants() {
-        for &store in StoreKind::value_variants() {
-            for &fault in Fault::value_variants() {
-                specs.push(Spec {
-                    times: 5,
-                    ..spec(broker, store, fault, 2000)
-                });
+        for &runner in RunnerKind::value_variants() {
+            for &store in StoreKind::value_variants() {
+                for &fault in Fault::value_variants() {
+                    specs.push(Spec {
+                        runner,
+                        times: 5,
+                        ..spec(broker, store, fault, 2000)
+                    });
+                }
             }
         }
     }

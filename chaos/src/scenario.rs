@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use clap::ValueEnum;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
@@ -17,10 +18,34 @@ use crate::sink::{Event, Sink};
 use crate::store::{Store, StoreKind};
 use crate::toxic::Toxic;
 
+/// Which consumer processes a run starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RunnerKind {
+    /// `idem consume` with the sink as its HTTP handler.
+    Sidecar,
+    /// `idem-chaos worker`: the library's `Runner` with a Rust handler
+    /// (Redis Streams, RabbitMQ and NATS; the memory and Redis stores).
+    Library,
+    /// The first consumer the library's, the others `idem consume`, on one
+    /// store and one queue.
+    Mixed,
+}
+
+impl RunnerKind {
+    pub fn title(self) -> &'static str {
+        match self {
+            RunnerKind::Sidecar => "idem consume",
+            RunnerKind::Library => "library runner",
+            RunnerKind::Mixed => "library runner + idem consume",
+        }
+    }
+}
+
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct Spec {
     pub broker: Broker,
+    pub runner: RunnerKind,
     pub store: StoreKind,
     pub fault: Fault,
     pub messages: usize,
@@ -36,8 +61,15 @@ pub struct Spec {
 impl Spec {
     /// The command that runs this spec again.
     pub fn command(&self) -> String {
+        let runner = match self.runner {
+            RunnerKind::Sidecar => String::new(),
+            other => format!(
+                " --runner {}",
+                other.to_possible_value().expect("named").get_name()
+            ),
+        };
         format!(
-            "idem-chaos run --broker {} --store {} --fault {} --messages {} --consumers {} --lease-ms {} --times {}",
+            "idem-chaos run --broker {}{runner} --store {} --fault {} --messages {} --consumers {} --lease-ms {} --times {}",
             self.broker,
             self.store,
             self.fault,
@@ -63,7 +95,22 @@ impl Spec {
             return Some("a killed proxy takes the memory store with it");
         }
         if self.broker == Broker::Proxy {
-            return None;
+            return (self.runner != RunnerKind::Sidecar)
+                .then_some("the gateway run has no consumers");
+        }
+        if self.runner != RunnerKind::Sidecar {
+            if !matches!(
+                self.broker,
+                Broker::RedisStreams | Broker::Amqp | Broker::Nats
+            ) {
+                return Some("the library worker reads Redis Streams, RabbitMQ and NATS");
+            }
+            if !matches!(
+                self.store,
+                StoreKind::Memory | StoreKind::Redis | StoreKind::RedisAof
+            ) {
+                return Some("the library worker runs on the memory and Redis stores");
+            }
         }
         if self.broker == Broker::Kafka
             && matches!(
@@ -151,8 +198,8 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     };
     let channel = Arc::new(channel);
 
-    let args = consumer_args(spec, &channel.from, &store.args);
-    let mut fleet = Fleet::new(idem, args, sink.url(), consumers, dir.path(), procs);
+    let commands = commands(spec, idem, consumers, &channel.from, &store.args)?;
+    let mut fleet = Fleet::new(commands, sink.url(), dir.path(), procs);
     at("starting the consumers");
     fleet.start().await?;
     at("waiting for the messages");
@@ -317,6 +364,7 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
         broker: spec.broker,
         store: spec.store,
         fault: spec.fault,
+        runner: spec.runner,
         consumers,
         keys,
         duplicates: duplicates.load(Ordering::Relaxed),
@@ -393,6 +441,48 @@ fn unique(spec: &Spec) -> String {
         std::process::id(),
         nanos
     )
+}
+
+/// The program and arguments of each consumer.
+fn commands(
+    spec: &Spec,
+    idem: &Path,
+    consumers: usize,
+    from: &str,
+    store: &[String],
+) -> Result<Vec<(PathBuf, Vec<String>)>, String> {
+    let sidecar = (idem.to_owned(), consumer_args(spec, from, store));
+    let me = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
+    let url = store
+        .iter()
+        .skip_while(|a| *a != "--store")
+        .nth(1)
+        .cloned()
+        .unwrap_or_default();
+    let library = (
+        me,
+        [
+            "worker",
+            "--broker",
+            &spec.broker.to_string(),
+            "--from",
+            from,
+            "--store",
+            &url,
+            "--lease-ms",
+            &spec.lease.as_millis().to_string(),
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
+    Ok((0..consumers)
+        .map(|slot| match spec.runner {
+            RunnerKind::Sidecar => sidecar.clone(),
+            RunnerKind::Library => library.clone(),
+            RunnerKind::Mixed if slot == 0 => library.clone(),
+            RunnerKind::Mixed => sidecar.clone(),
+        })
+        .collect())
 }
 
 /// `idem consume` arguments for one consumer.
