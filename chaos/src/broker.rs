@@ -33,6 +33,8 @@ pub enum Broker {
     RocketMq,
     /// Not a broker: HTTP clients through `idem proxy` (the gateway run).
     Proxy,
+    /// Not a broker: HTTP clients of `idem serve`'s API (the service run).
+    Serve,
 }
 
 impl Broker {
@@ -45,6 +47,7 @@ impl Broker {
             Broker::Kafka => "Kafka (tansu)",
             Broker::RocketMq => "RocketMQ",
             Broker::Proxy => "HTTP clients → idem proxy",
+            Broker::Serve => "HTTP clients → idem serve",
         }
     }
 
@@ -260,7 +263,7 @@ impl Channel {
                     producer: Producer::Kafka(publisher, name.to_owned()),
                 })
             }
-            Broker::Proxy => Err("the gateway run has no broker".into()),
+            Broker::Proxy | Broker::Serve => Err("the HTTP runs have no broker".into()),
             Broker::RocketMq => {
                 let base = services::url("IDEM_TEST_ROCKETMQ_URL", "rocketmq://127.0.0.1:9876");
                 let publisher = RocketMqPublisher::connect(&base)

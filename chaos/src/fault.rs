@@ -57,6 +57,9 @@ pub enum Fault {
     /// Gateway: the clients' cuts, and `idem proxy` killed (`kill -9`) and
     /// restarted while requests are in flight.
     ProxyKill,
+    /// Service: the clients' cuts, and `idem serve` killed (`kill -9`) and
+    /// restarted on its store while requests are in flight.
+    ServeKill,
 }
 
 impl Fault {
@@ -79,6 +82,7 @@ impl Fault {
             Fault::BrokerRestart => "broker restart",
             Fault::ClientCuts => "clients cut requests at 10 ms and retry",
             Fault::ProxyKill => "kill -9 of idem proxy mid-request, and client cuts",
+            Fault::ServeKill => "kill -9 of idem serve mid-request, and client cuts",
         }
     }
 

@@ -65,15 +65,15 @@ async fn pay(State(s): State<Arc<Shared>>, headers: HeaderMap) -> (StatusCode, S
     )
 }
 
-/// The proxy process, restarted after each kill.
-struct Proxy {
+/// An `idem proxy` or `idem serve` process, restarted after each kill.
+pub struct Server {
     bin: std::path::PathBuf,
     args: Vec<String>,
     child: Child,
 }
 
-impl Proxy {
-    async fn start(bin: &Path, args: Vec<String>, port: u16) -> Result<Self, String> {
+impl Server {
+    pub async fn start(bin: &Path, args: Vec<String>, port: u16) -> Result<Self, String> {
         let child = spawn(bin, &args, port).await?;
         Ok(Self {
             bin: bin.to_owned(),
@@ -82,7 +82,11 @@ impl Proxy {
         })
     }
 
-    async fn kill_and_restart(&mut self, port: u16) -> Result<(), String> {
+    pub async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    pub async fn kill_and_restart(&mut self, port: u16) -> Result<(), String> {
         if let Some(pid) = self.child.id() {
             signal(pid, libc::SIGKILL);
         }
@@ -111,7 +115,11 @@ async fn spawn(bin: &Path, args: &[String], port: u16) -> Result<Child, String> 
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    Err(format!("idem proxy did not listen on {port} within 10 s"))
+    Err(format!(
+        "{} {} did not listen on {port} within 10 s",
+        bin.display(),
+        args.first().map_or("", String::as_str)
+    ))
 }
 
 /// Runs the gateway scenario of `spec` (fault `client-cuts` or
@@ -154,7 +162,7 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     ];
     args.extend(store.args.iter().cloned());
     at("starting idem proxy");
-    let mut proxy = Proxy::start(idem, args, port).await?;
+    let mut proxy = Server::start(idem, args, port).await?;
     at("sending the requests");
 
     let client = client::Client::new(port);
@@ -227,7 +235,7 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     let _ = clients.await;
     let elapsed = started.elapsed();
     at("stopping idem proxy and the store");
-    let _ = proxy.child.kill().await;
+    proxy.stop().await;
     server.abort();
     store.stop().await;
     at("judging the history");
@@ -272,7 +280,7 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
 
 /// An HTTP/1.1 client for the proxy: one connection a request (hyper's
 /// connection API), so a dropped request is a cut connection.
-mod client {
+pub mod client {
     use std::time::Duration;
 
     use bytes::Bytes;
@@ -317,6 +325,27 @@ mod client {
                 String::from_utf8_lossy(&body).into_owned(),
                 retry_after,
             ))
+        }
+
+        /// POSTs the JSON `body` to `path`; answers the status and the
+        /// body.
+        pub async fn post_json(
+            &self,
+            path: &str,
+            body: String,
+        ) -> Result<(u16, String), Box<dyn std::error::Error + Send + Sync>> {
+            let stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await?;
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+            tokio::spawn(conn);
+            let request = http::Request::post(path)
+                .header("host", "idem")
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body)))?;
+            let response = sender.send_request(request).await?;
+            let status = response.status().as_u16();
+            let body = response.into_body().collect().await?.to_bytes();
+            Ok((status, String::from_utf8_lossy(&body).into_owned()))
         }
     }
 }

@@ -18,6 +18,7 @@ mod gateway;
 mod history;
 mod report;
 mod scenario;
+mod serve;
 mod sink;
 mod store;
 mod toxic;
@@ -285,7 +286,7 @@ fn short() -> Vec<Spec> {
     let mut specs: Vec<Spec> = Fault::value_variants()
         .iter()
         .copied()
-        .filter(|f| !matches!(f, ClientCuts | ProxyKill))
+        .filter(|f| !matches!(f, ClientCuts | ProxyKill | ServeKill))
         .map(|f| spec(RedisStreams, Redis, f, n))
         .collect();
     specs.extend([
@@ -321,6 +322,9 @@ fn short() -> Vec<Spec> {
         spec(Proxy, Memory, ClientCuts, n),
         spec(Proxy, File, ProxyKill, n),
         spec(Proxy, Postgres, ProxyKill, n),
+        spec(Serve, Memory, ClientCuts, n),
+        spec(Serve, File, ServeKill, n),
+        spec(Serve, Redis, ServeKill, n),
     ]);
     specs
 }

@@ -82,21 +82,30 @@ impl Spec {
 
     /// Why this spec cannot run, if it cannot.
     pub fn unfit(&self) -> Option<&'static str> {
-        let gateway_fault = matches!(self.fault, Fault::ClientCuts | Fault::ProxyKill);
-        if (self.broker == Broker::Proxy) != gateway_fault {
+        let http = matches!(self.broker, Broker::Proxy | Broker::Serve);
+        let http_fault = matches!(
+            self.fault,
+            Fault::ClientCuts | Fault::ProxyKill | Fault::ServeKill
+        );
+        if http != http_fault {
             return Some(
-                "client-cuts and proxy-kill are the gateway's faults (--broker proxy), and only they",
+                "client-cuts, proxy-kill and serve-kill are the HTTP runs' faults \
+                 (--broker proxy or serve), and only they",
             );
         }
-        if self.broker == Broker::Proxy
-            && self.store == StoreKind::Memory
-            && self.fault == Fault::ProxyKill
+        if (self.broker == Broker::Proxy && self.fault == Fault::ServeKill)
+            || (self.broker == Broker::Serve && self.fault == Fault::ProxyKill)
         {
-            return Some("a killed proxy takes the memory store with it");
+            return Some("proxy-kill is the gateway's, serve-kill the service's");
         }
-        if self.broker == Broker::Proxy {
+        if self.store == StoreKind::Memory
+            && matches!(self.fault, Fault::ProxyKill | Fault::ServeKill)
+        {
+            return Some("a killed server takes the memory store with it");
+        }
+        if http {
             return (self.runner != RunnerKind::Sidecar)
-                .then_some("the gateway run has no consumers");
+                .then_some("the HTTP runs have no consumers");
         }
         if self.runner != RunnerKind::Sidecar {
             if !matches!(
@@ -166,6 +175,9 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     }
     if spec.broker == Broker::Proxy {
         return crate::gateway::run(spec, idem).await;
+    }
+    if spec.broker == Broker::Serve {
+        return crate::serve::run(spec, idem).await;
     }
     let consumers = if spec.store.shared() {
         spec.consumers.max(1)
