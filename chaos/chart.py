@@ -53,7 +53,7 @@ def main(rows_path, png_path):
         ax.barh(y + h / 2, p, height=h, color="#c05621")
         ax.text(p, y + h / 2, f" {p:.1f}", va="center", fontsize=8.5)
         if q is None:
-            ax.text(0, y - h / 2, " no fenced sink (no token reaches the upstream)",
+            ax.text(0, y - h / 2, " no fenced sink in the HTTP runs",
                     va="center", fontsize=8.5, color="#555555")
         else:
             ax.barh(y - h / 2, q, height=h, color="#2b6cb0")
