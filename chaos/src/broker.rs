@@ -20,7 +20,7 @@ use idem_rocketmq::RocketMqPublisher;
 use idem_testkit::services;
 
 use crate::store::{shell, start_daemon, wait_port};
-use crate::toxic::{Toxic, reroute};
+use crate::toxic::Toxic;
 
 /// A broker idem consumes from (as named on the command line).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -167,12 +167,8 @@ impl Channel {
             Broker::Nats => 4222,
             _ => 6379,
         };
-        let (_, host, port) =
-            reroute(&self.from, 1, default).ok_or_else(|| format!("cannot read {}", self.from))?;
-        let toxic = Toxic::start(host, port).await?;
-        self.from = reroute(&self.from, toxic.port, default)
-            .expect("read above")
-            .0;
+        let (routed, toxic) = Toxic::before(&self.from, default).await?;
+        self.from = routed;
         Ok(toxic)
     }
 

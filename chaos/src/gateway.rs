@@ -287,6 +287,8 @@ pub mod client {
     use http_body_util::{BodyExt, Full};
     use hyper_util::rt::TokioIo;
 
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
     pub struct Client {
         port: u16,
     }
@@ -298,20 +300,36 @@ pub mod client {
 
         /// POSTs to `/pay` with `key`; answers the status, the body and
         /// `Retry-After`.
-        pub async fn post(
-            &self,
-            key: &str,
-        ) -> Result<(u16, String, Option<Duration>), Box<dyn std::error::Error + Send + Sync>>
-        {
-            let stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await?;
-            let (mut sender, conn) =
-                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-            tokio::spawn(conn);
+        pub async fn post(&self, key: &str) -> Result<(u16, String, Option<Duration>), Error> {
             let request = http::Request::post("/pay")
                 .header("host", "gateway")
                 .header("idempotency-key", key)
                 .header("content-type", "application/json")
                 .body(Full::new(Bytes::from_static(br#"{"amount":1}"#)))?;
+            self.send(request).await
+        }
+
+        /// POSTs the JSON `body` to `path`; answers the status and the
+        /// body.
+        pub async fn post_json(&self, path: &str, body: String) -> Result<(u16, String), Error> {
+            let request = http::Request::post(path)
+                .header("host", "idem")
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body)))?;
+            let (status, body, _) = self.send(request).await?;
+            Ok((status, body))
+        }
+
+        /// Sends `request` on a connection of its own; answers the status,
+        /// the body and `Retry-After`.
+        async fn send(
+            &self,
+            request: http::Request<Full<Bytes>>,
+        ) -> Result<(u16, String, Option<Duration>), Error> {
+            let stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await?;
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+            tokio::spawn(conn);
             let response = sender.send_request(request).await?;
             let status = response.status().as_u16();
             let retry_after = response
@@ -325,27 +343,6 @@ pub mod client {
                 String::from_utf8_lossy(&body).into_owned(),
                 retry_after,
             ))
-        }
-
-        /// POSTs the JSON `body` to `path`; answers the status and the
-        /// body.
-        pub async fn post_json(
-            &self,
-            path: &str,
-            body: String,
-        ) -> Result<(u16, String), Box<dyn std::error::Error + Send + Sync>> {
-            let stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await?;
-            let (mut sender, conn) =
-                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-            tokio::spawn(conn);
-            let request = http::Request::post(path)
-                .header("host", "idem")
-                .header("content-type", "application/json")
-                .body(Full::new(Bytes::from(body)))?;
-            let response = sender.send_request(request).await?;
-            let status = response.status().as_u16();
-            let body = response.into_body().collect().await?.to_bytes();
-            Ok((status, String::from_utf8_lossy(&body).into_owned()))
         }
     }
 }

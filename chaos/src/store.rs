@@ -10,7 +10,7 @@ use clap::ValueEnum;
 use idem_testkit::services;
 use tokio::process::{Child, Command};
 
-use crate::toxic::{Toxic, reroute};
+use crate::toxic::Toxic;
 
 /// A store the consumers share (or, for the embedded ones, the one
 /// consumer uses).
@@ -161,9 +161,8 @@ impl Store {
             StoreKind::MariaDb => 3306,
             _ => 6379,
         };
-        let placeholder = reroute(url, 1, default).ok_or_else(|| format!("cannot read {url}"))?;
-        let toxic = Toxic::start(placeholder.1, placeholder.2).await?;
-        self.args[at + 1] = reroute(url, toxic.port, default).expect("read above").0;
+        let (routed, toxic) = Toxic::before(url, default).await?;
+        self.args[at + 1] = routed;
         Ok(toxic)
     }
 

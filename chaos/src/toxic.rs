@@ -64,6 +64,18 @@ impl Toxic {
         })
     }
 
+    /// A proxy in front of what `url` names (its port defaulting to
+    /// `default_port`), and `url` sent through it.
+    pub async fn before(url: &str, default_port: u16) -> Result<(String, Self), String> {
+        let (_, host, port) =
+            reroute(url, 0, default_port).ok_or_else(|| format!("cannot read {url}"))?;
+        let toxic = Self::start(host, port).await?;
+        let routed = reroute(url, toxic.port, default_port)
+            .expect("read above")
+            .0;
+        Ok((routed, toxic))
+    }
+
     /// Delays every chunk by `latency` each way (zero: none).
     pub fn slow(&self, latency: Duration) {
         self.faults
