@@ -7,11 +7,12 @@
 //! `Nats-Msg-Id`) does not absorb it, and idem has to.
 
 use std::fmt;
+use std::time::Duration;
 
 use clap::ValueEnum;
 
 use idem_amqp::{AmqpConfig, AmqpPublisher, AmqpSource};
-use idem_consumer::Message;
+use idem_consumer::{Message, Source};
 use idem_jetstream::JetStreamPublisher;
 use idem_kafka::KafkaPublisher;
 use idem_redis_streams::{RedisStreamConfig, RedisStreamPublisher};
@@ -86,13 +87,14 @@ impl Broker {
                 "the stream lives in the test Redis, which keeps nothing on disk: a restart \
                  loses the messages before idem sees them",
             ),
-            Broker::Kafka => Some("the test broker keeps its records in memory"),
-            Broker::RocketMq => Some("the RocketMQ broker is not restarted by the harness"),
             _ => None,
         }
     }
 
-    /// Stops the broker and starts it again, its messages kept on disk.
+    /// Stops the broker and starts it again, its messages kept on disk
+    /// (RabbitMQ `stop_app` and `start_app`, the NATS server and the
+    /// RocketMQ broker stopped and started, and the run's own Kafka-protocol
+    /// broker: see [`own_kafka_start`]).
     pub async fn restart(self) -> Result<(), String> {
         match self {
             Broker::Amqp => {
@@ -130,6 +132,17 @@ impl Broker {
                 .await?;
                 wait_port(4222).await
             }
+            Broker::Kafka => {
+                own_kafka_stop().await?;
+                own_kafka_start().await
+            }
+            Broker::RocketMq => {
+                // The project's script: the broker stopped (SIGTERM), the
+                // name server left up, the broker started on its store.
+                let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/rocketmq");
+                shell(script, &["restart-broker"]).await?;
+                wait_port(10911).await
+            }
             _ => Err(self.unrestartable().unwrap_or("no broker").to_owned()),
         }
     }
@@ -146,6 +159,8 @@ impl fmt::Display for Broker {
 pub struct Channel {
     /// `idem consume --from` for it.
     pub from: String,
+    /// The URL idem's own source reads the consumers' dead letters with.
+    dead_letters: String,
     producer: Producer,
 }
 
@@ -173,8 +188,10 @@ impl Channel {
     }
 
     /// Makes the queue, stream or topic `name` (letters, digits and `_`),
-    /// empty, ready to publish to before any consumer starts.
-    pub async fn open(broker: Broker, name: &str) -> Result<Self, String> {
+    /// empty, ready to publish to before any consumer starts. A run that
+    /// restarts its broker gets a Kafka-protocol broker of its own that
+    /// keeps its records on disk.
+    pub async fn open(broker: Broker, name: &str, restarted: bool) -> Result<Self, String> {
         match broker {
             Broker::Amqp => {
                 let base = services::url(
@@ -193,6 +210,7 @@ impl Channel {
                     .await
                     .map_err(|e| e.to_string())?;
                 Ok(Self {
+                    dead_letters: format!("{base}?queue={}", config.dead_letter_queue()),
                     from,
                     producer: Producer::Amqp(publisher),
                 })
@@ -206,6 +224,9 @@ impl Channel {
                 );
                 let config =
                     idem_jetstream::JetStreamConfig::from_url(&from).map_err(|e| e.to_string())?;
+                // Dead letters are kept in a stream of their own, named
+                // after their subject.
+                let dead = config.dead_letter_subject().replace('.', "_");
                 // Connecting makes the stream and the durable consumer.
                 idem_jetstream::JetStreamSource::connect(config)
                     .await
@@ -214,6 +235,7 @@ impl Channel {
                     .await
                     .map_err(|e| e.to_string())?;
                 Ok(Self {
+                    dead_letters: format!("{server}?stream={dead}&consumer=reader"),
                     from,
                     producer: Producer::Nats(publisher, format!("{subject}.new")),
                 })
@@ -230,12 +252,18 @@ impl Channel {
                     .await
                     .map_err(|e| e.to_string())?;
                 Ok(Self {
+                    dead_letters: format!("{redis}?stream={name}.dead-letter&group=reader"),
                     from,
                     producer: Producer::RedisStreams(publisher),
                 })
             }
             Broker::Kafka => {
-                let brokers = services::url("IDEM_TEST_KAFKA_URL", "127.0.0.1:9092");
+                let brokers = if restarted {
+                    own_kafka_start().await?;
+                    format!("127.0.0.1:{OWN_KAFKA_PORT}")
+                } else {
+                    services::url("IDEM_TEST_KAFKA_URL", "127.0.0.1:9092")
+                };
                 let from =
                     format!("kafka://{brokers}?topic={name}&group={name}_group&partitions=4");
                 let config = idem_kafka::KafkaConfig::from_url(&from).map_err(|e| e.to_string())?;
@@ -255,6 +283,9 @@ impl Channel {
                 )
                 .map_err(|e| e.to_string())?;
                 Ok(Self {
+                    dead_letters: format!(
+                        "kafka://{brokers}?topic={name}-dlt&group={name}_reader&partitions=4"
+                    ),
                     from,
                     producer: Producer::Kafka(publisher, name.to_owned()),
                 })
@@ -265,12 +296,18 @@ impl Channel {
                 let publisher = RocketMqPublisher::connect(&base)
                     .await
                     .map_err(|e| format!("RocketMQ at {base}: {e}"))?;
-                publisher
-                    .create_topic(name, 4)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                // Dead letters go to a topic of the run's own: the broker's
+                // `%DLQ%` topics cannot be consumed from.
+                let dead = format!("{name}_dead");
+                for topic in [name, dead.as_str()] {
+                    publisher
+                        .create_topic(topic, 4)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
                 Ok(Self {
-                    from: format!("{base}?topic={name}&group={name}_group"),
+                    from: format!("{base}?topic={name}&group={name}_group&dead_letter={dead}"),
+                    dead_letters: format!("{base}?topic={dead}&group={name}_reader"),
                     producer: Producer::RocketMq(publisher, name.to_owned()),
                 })
             }
@@ -313,9 +350,180 @@ impl Channel {
         }
     }
 
+    /// The keys of the messages in the consumers' dead-letter destination,
+    /// read (and acked) with idem's own source for `broker`: waits until at
+    /// least `expected` have come (a dead letter is written after the
+    /// message's last call) and one more fetch brings nothing, or `wait`
+    /// has passed.
+    pub async fn dead_letters(
+        &self,
+        broker: Broker,
+        expected: usize,
+        wait: Duration,
+    ) -> Result<Vec<String>, String> {
+        let url = &self.dead_letters;
+        match broker {
+            Broker::Amqp => {
+                let config = AmqpConfig::from_url(url).map_err(|e| e.to_string())?;
+                let source = AmqpSource::connect(config)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let keys = drain(&source, expected, wait).await;
+                source.close().await;
+                keys
+            }
+            Broker::Nats => {
+                let config =
+                    idem_jetstream::JetStreamConfig::from_url(url).map_err(|e| e.to_string())?;
+                let source = idem_jetstream::JetStreamSource::connect(config)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                drain(&source, expected, wait).await
+            }
+            Broker::RedisStreams => {
+                let config = RedisStreamConfig::from_url(url).map_err(|e| e.to_string())?;
+                let source = idem_redis_streams::RedisStreamSource::connect(config)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                drain(&source, expected, wait).await
+            }
+            Broker::Kafka => {
+                let config = idem_kafka::KafkaConfig::from_url(url).map_err(|e| e.to_string())?;
+                let source = idem_kafka::KafkaSource::connect(config)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let keys = drain(&source, expected, wait).await;
+                source.close().await;
+                keys
+            }
+            Broker::RocketMq => {
+                let config =
+                    idem_rocketmq::RocketMqConfig::from_url(url).map_err(|e| e.to_string())?;
+                let source = idem_rocketmq::RocketMqSource::connect(config)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let keys = drain(&source, expected, wait).await;
+                source.shutdown().await;
+                keys
+            }
+            Broker::Proxy | Broker::Serve => Err("the HTTP runs have no broker".into()),
+        }
+        .map_err(|e| format!("reading the dead letters at {url}: {e}"))
+    }
+
     pub async fn close(self) {
         if let Producer::RocketMq(p, _) = self.producer {
             p.shutdown().await;
         }
     }
+}
+
+/// Reads every message `source` has (see [`Channel::dead_letters`]),
+/// acking each, and answers their keys (the `key` of each JSON body).
+async fn drain<S: Source>(
+    source: &S,
+    expected: usize,
+    wait: Duration,
+) -> Result<Vec<String>, String> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut keys = Vec::new();
+    while tokio::time::Instant::now() < deadline {
+        let left = deadline - tokio::time::Instant::now();
+        let Ok(got) = tokio::time::timeout(left, source.fetch(64)).await else {
+            break;
+        };
+        let got = got.map_err(|e| e.to_string())?;
+        if got.is_empty() && keys.len() >= expected {
+            break;
+        }
+        for delivery in got {
+            let key = serde_json::from_slice::<serde_json::Value>(&delivery.message.body)
+                .ok()
+                .and_then(|v| v.get("key")?.as_str().map(str::to_owned))
+                .unwrap_or_else(|| {
+                    format!(
+                        "(a body that is not a run's message: {} bytes)",
+                        delivery.message.body.len()
+                    )
+                });
+            keys.push(key);
+            source.ack(delivery).await.map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(keys)
+}
+
+/// The port of the run's own Kafka-protocol broker.
+const OWN_KAFKA_PORT: u16 = 9192;
+
+/// Where the run's own Kafka-protocol broker keeps its records and pid.
+const OWN_KAFKA_DIR: &str = "/tmp/idem-chaos-kafka";
+
+/// Starts, unless it is up, a Kafka-protocol broker of the runs' own on
+/// 127.0.0.1:9192: the project's tansu (`scripts/kafka-broker` builds it)
+/// keeping its records in SQLite, so that a restart keeps them (the shared
+/// test broker keeps them in memory).
+pub async fn own_kafka_start() -> Result<(), String> {
+    if tokio::net::TcpStream::connect(("127.0.0.1", OWN_KAFKA_PORT))
+        .await
+        .is_ok()
+    {
+        return Ok(());
+    }
+    let tools = std::env::var("IDEM_TOOLS").unwrap_or_else(|_| "/var/cache/idem-tools".into());
+    let tansu = format!("{tools}/bin/tansu");
+    if !std::path::Path::new(&tansu).exists() {
+        return Err(format!(
+            "{tansu} is missing: `scripts/kafka-broker install` builds it"
+        ));
+    }
+    std::fs::create_dir_all(OWN_KAFKA_DIR).map_err(|e| format!("{OWN_KAFKA_DIR}: {e}"))?;
+    let listener = format!("tcp://127.0.0.1:{OWN_KAFKA_PORT}");
+    let pidfile = format!("{OWN_KAFKA_DIR}/tansu.pid");
+    shell(
+        "start-stop-daemon",
+        &[
+            "--start",
+            "--background",
+            "--make-pidfile",
+            "--pidfile",
+            &pidfile,
+            "--chdir",
+            OWN_KAFKA_DIR,
+            "--output",
+            &format!("{OWN_KAFKA_DIR}/tansu.log"),
+            "--exec",
+            &tansu,
+            "--",
+            "broker",
+            "--listener-url",
+            &listener,
+            "--advertised-listener-url",
+            &listener,
+            // Relative to the directory above.
+            "--storage-engine",
+            "sqlite://tansu.db",
+        ],
+    )
+    .await?;
+    wait_port(OWN_KAFKA_PORT).await
+}
+
+/// Stops the runs' own Kafka-protocol broker (SIGTERM, then SIGKILL after
+/// 10 s).
+async fn own_kafka_stop() -> Result<(), String> {
+    let pidfile = format!("{OWN_KAFKA_DIR}/tansu.pid");
+    shell(
+        "start-stop-daemon",
+        &[
+            "--stop",
+            "--oknodo",
+            "--retry",
+            "TERM/10/KILL/5",
+            "--pidfile",
+            &pidfile,
+        ],
+    )
+    .await
+    .map(drop)
 }

@@ -49,8 +49,12 @@ pub enum Fault {
     /// two leases, a few times.
     BrokerSlow,
     /// The broker stopped and started again (RabbitMQ `stop_app` and
-    /// `start_app`, the NATS server restarted).
+    /// `start_app`, the NATS server and the RocketMQ broker restarted).
     BrokerRestart,
+    /// Poison messages: one key in 25 the handler refuses (422), another
+    /// it fails every time (503) until the last attempt. The dead letters
+    /// are read back from the broker: exactly those keys, each once.
+    Poison,
     /// Gateway: clients that give up mid-request (a cut connection) and
     /// retry.
     ClientCuts,
@@ -80,6 +84,7 @@ impl Fault {
             Fault::BrokerCut => "broker connections cut",
             Fault::BrokerSlow => "broker link slowed and throttled",
             Fault::BrokerRestart => "broker restart",
+            Fault::Poison => "poison messages (refused, failing every attempt)",
             Fault::ClientCuts => "clients cut requests at 10 ms and retry",
             Fault::ProxyKill => "kill -9 of idem proxy mid-request, and client cuts",
             Fault::ServeKill => "kill -9 of idem serve mid-request, and client cuts",
@@ -159,6 +164,8 @@ pub enum Action {
     },
     /// Answer 503: the handler failed, the message is retried.
     Fail,
+    /// Answer 422: the handler refuses the message for good.
+    Refuse,
     KillBeforeEffect,
     KillAfterEffect,
     KillAfterAnswer,
@@ -212,6 +219,13 @@ impl Plan {
         let Some(fault) = self.fault else {
             return Action::Apply { duplicate: false };
         };
+        if fault == Fault::Poison {
+            return match Poison::of(key) {
+                Some(Poison::Refused) => Action::Refuse,
+                Some(Poison::Failing) => Action::Fail,
+                None => Action::Apply { duplicate: false },
+            };
+        }
         if fault == Fault::KillInRetry && attempt >= 2 && self.retrying.get(key) == Some(&false) {
             self.retrying.insert(key.to_owned(), true);
             return Action::KillBeforeEffect;
@@ -239,5 +253,26 @@ impl Plan {
         }
         let duplicate = fault == Fault::Duplicates && first && index % 10 == 3;
         Action::Apply { duplicate }
+    }
+}
+
+/// What a poison message does to its handler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Poison {
+    /// Refused at once (422): dead-lettered after one call.
+    Refused,
+    /// Failing every attempt (503): dead-lettered after the last.
+    Failing,
+}
+
+impl Poison {
+    /// What the run's key `key` (`k-N`) is in a run of poison messages.
+    pub fn of(key: &str) -> Option<Self> {
+        let n: u64 = key.strip_prefix("k-")?.parse().ok()?;
+        match n % 25 {
+            5 => Some(Poison::Refused),
+            17 => Some(Poison::Failing),
+            _ => None,
+        }
     }
 }

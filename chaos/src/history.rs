@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::broker::Broker;
-use crate::fault::Fault;
+use crate::fault::{Fault, Poison};
 use crate::scenario::{RunnerKind, Spec};
 use crate::sink::{Call, End, Ledger};
 use crate::store::StoreKind;
@@ -38,6 +38,8 @@ pub struct Outcome {
     pub effects: u64,
     /// Messages without an effect at the end.
     pub lost: usize,
+    /// Dead letters read back from the broker, in a run that expects some.
+    pub dead_letters: Option<usize>,
     /// Plain-sink writes beyond the first of their key.
     pub doubled_plain: u64,
     /// Of those, how many no injected fault explains.
@@ -80,7 +82,7 @@ impl Outcome {
 
     /// The figures of the report's columns after the run's names, each
     /// with its label.
-    pub fn figures(&self) -> [(&'static str, String); 11] {
+    pub fn figures(&self) -> [(&'static str, String); 12] {
         [
             (
                 "consumers",
@@ -95,6 +97,10 @@ impl Outcome {
             ("faults", self.injected.to_string()),
             ("effects", self.effects.to_string()),
             ("lost", self.lost.to_string()),
+            (
+                "dead letters",
+                self.dead_letters.map_or("—".into(), |n| n.to_string()),
+            ),
             (
                 "doubled (unexplained)",
                 format!("{} ({})", self.doubled_plain, self.unexplained),
@@ -182,6 +188,7 @@ pub fn judge(run: &Run, ledger: &Ledger) -> Outcome {
         calls: ledger.calls,
         effects: 0,
         lost: 0,
+        dead_letters: None,
         doubled_plain: 0,
         unexplained: 0,
         doubled_fenced: 0,
@@ -198,6 +205,14 @@ pub fn judge(run: &Run, ledger: &Ledger) -> Outcome {
         fenced: true,
     };
     for key in &run.keys {
+        if run.fault == Fault::Poison && Poison::of(key).is_some() {
+            if let Some(calls) = ledger.keys.get(key)
+                && calls.iter().any(|c| c.effect)
+            {
+                o.problem(format!("{key}: a poison message had an effect"));
+            }
+            continue;
+        }
         let Some(calls) = ledger.keys.get(key) else {
             o.lost += 1;
             o.problem(format!("{key}: never handled"));
@@ -272,6 +287,57 @@ pub fn judge(run: &Run, ledger: &Ledger) -> Outcome {
     }
     o.recover_ms = recovery(ledger).map(|d| d.as_millis() as u64);
     o
+}
+
+/// Checks the dead letters read back after a run of poison messages: every
+/// poison key there exactly once, no other key, each refused message
+/// called once and each failing one `max_attempts` times.
+pub fn judge_dead_letters(
+    o: &mut Outcome,
+    keys: &[String],
+    ledger: &Ledger,
+    dead: &[String],
+    max_attempts: u32,
+) {
+    o.dead_letters = Some(dead.len());
+    let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for key in dead {
+        *seen.entry(key.as_str()).or_default() += 1;
+    }
+    for key in keys {
+        let Some(poison) = Poison::of(key) else {
+            if seen.contains_key(key.as_str()) {
+                o.problem(format!(
+                    "{key}: dead-lettered, but its handler never refused it"
+                ));
+            }
+            continue;
+        };
+        match seen.get(key.as_str()).copied().unwrap_or(0) {
+            0 => o.problem(format!(
+                "{key}: a poison message missing from the dead letters"
+            )),
+            1 => {}
+            n => o.problem(format!("{key}: dead-lettered {n} times")),
+        }
+        let calls = ledger.keys.get(key).map_or(0, Vec::len);
+        let wanted = match poison {
+            Poison::Refused => 1,
+            Poison::Failing => max_attempts as usize,
+        };
+        if calls != wanted {
+            o.problem(format!(
+                "{key}: {poison:?} poison message called {calls} times, not {wanted}"
+            ));
+        }
+    }
+    for key in seen.keys() {
+        if !keys.iter().any(|k| k == key) {
+            o.problem(format!(
+                "a dead letter that is no message of the run: {key}"
+            ));
+        }
+    }
 }
 
 /// Whether a fault explains `later` applying its key's effect again after
@@ -562,5 +628,62 @@ mod tests {
         let o = judged(Fault::Zombie, &["a"], &l);
         assert_eq!(o.unexplained_fenced, 1);
         assert!(!o.passed());
+    }
+
+    /// A poison run's ledger: k-0 applied, k-5 refused once, k-17 failed
+    /// `failing` times.
+    fn poison_ledger(failing: usize) -> Ledger {
+        let refused = Call {
+            effect: false,
+            end: End::Answered(422),
+            ..call(1, 10, 0, 5, false)
+        };
+        let failed = |n: u64| Call {
+            effect: false,
+            end: End::Answered(503),
+            ..call(1, 11 + n, n * 3000, n * 3000 + 5, false)
+        };
+        let mut calls = vec![("k-0", call(1, 9, 0, 5, true)), ("k-5", refused)];
+        calls.extend((0..failing as u64).map(|n| ("k-17", failed(n))));
+        ledger(&calls)
+    }
+
+    fn dead_judged(ledger: &Ledger, dead: &[&str]) -> Outcome {
+        let keys = ["k-0", "k-5", "k-17"];
+        let mut o = judged(Fault::Poison, &keys, ledger);
+        let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+        let dead: Vec<String> = dead.iter().map(|k| k.to_string()).collect();
+        judge_dead_letters(&mut o, &keys, ledger, &dead, 3);
+        o
+    }
+
+    #[test]
+    fn poison_messages_each_dead_lettered_once_pass() {
+        let o = dead_judged(&poison_ledger(3), &["k-17", "k-5"]);
+        assert!(o.passed(), "{:?}", o.problems);
+        assert_eq!((o.lost, o.dead_letters), (0, Some(2)));
+    }
+
+    #[test]
+    fn dead_letters_missing_doubled_or_wrong_fail() {
+        let l = poison_ledger(3);
+        for dead in [
+            &["k-17"][..],
+            &["k-17", "k-5", "k-5"],
+            &["k-17", "k-5", "k-0"],
+            &["k-17", "k-5", "k-99"],
+        ] {
+            assert!(!dead_judged(&l, dead).passed(), "{dead:?}");
+        }
+        // Called more or fewer times than the attempts allow.
+        assert!(!dead_judged(&poison_ledger(2), &["k-17", "k-5"]).passed());
+        assert!(!dead_judged(&poison_ledger(4), &["k-17", "k-5"]).passed());
+    }
+
+    #[test]
+    fn a_poison_message_with_an_effect_fails() {
+        let mut l = poison_ledger(3);
+        l.keys.get_mut("k-5").expect("k-5")[0].effect = true;
+        assert!(!dead_judged(&l, &["k-17", "k-5"]).passed());
     }
 }

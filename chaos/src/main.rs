@@ -319,6 +319,16 @@ fn short() -> Vec<Spec> {
         spec(Amqp, Redis, BrokerRestart, n),
         spec(Nats, RedisAof, BrokerRestart, n),
         spec(Nats, Postgres, StoreSlow, n),
+        spec(Kafka, Redis, BrokerRestart, n),
+        spec(RocketMq, Redis, BrokerRestart, n),
+        spec(Amqp, Postgres, Poison, n),
+        spec(Nats, Redis, Poison, n),
+        spec(Kafka, Redis, Poison, n),
+        spec(RocketMq, Redis, Poison, n),
+        Spec {
+            runner: RunnerKind::Library,
+            ..spec(Amqp, Redis, Poison, n)
+        },
         spec(Proxy, Memory, ClientCuts, n),
         spec(Proxy, File, ProxyKill, n),
         spec(Proxy, Postgres, ProxyKill, n),

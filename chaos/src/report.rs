@@ -15,8 +15,8 @@ pub fn markdown(rows: &[Outcome], skipped: &[String], command: &str, machine: &s
     let _ = writeln!(s, "`{command}`, {machine}.\n");
     s.push_str(
         "| broker | store | fault | consumers | sent | duplicates sent | faults | effects | lost \
-         | doubled, plain (unexplained) | doubled, fenced (unexplained) | stale writes refused | recovery ms | s \
-         | result |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: \
+         | dead letters | doubled, plain (unexplained) | doubled, fenced (unexplained) | stale writes refused | recovery ms | s \
+         | result |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: \
          | ---: | ---: | ---: | --- |\n",
     );
     for o in rows {

@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use crate::broker::{Broker, Channel};
-use crate::fault::{Fault, Plan};
+use crate::fault::{Fault, Plan, Poison};
 use crate::fleet::{Fleet, Procs};
 use crate::history::{self, Outcome, Run};
 use crate::sink::{Event, Sink};
@@ -162,6 +162,9 @@ pub fn stage() -> &'static str {
     *STAGE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Handler calls a message gets before it is dead-lettered.
+pub const MAX_ATTEMPTS: u32 = 10;
+
 /// How long the run waits with nothing happening before it calls the
 /// messages settled.
 const QUIET: Duration = Duration::from_millis(1500);
@@ -198,7 +201,7 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     at("starting the sink");
     let sink = Sink::start(plan, spec.lease, procs.clone(), events_tx).await?;
     at("opening the broker's queue");
-    let mut channel = Channel::open(spec.broker, &name).await?;
+    let mut channel = Channel::open(spec.broker, &name, spec.fault == Fault::BrokerRestart).await?;
     // The links a fault proxy stands in.
     let store_link = match spec.fault {
         Fault::StoreCut | Fault::StoreSlow => Some(store.through_proxy().await?),
@@ -245,6 +248,19 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     } else {
         Vec::new()
     };
+    // Poison messages, and the calls each gets before it is dead-lettered.
+    let poison: Vec<(String, usize)> = if spec.fault == Fault::Poison {
+        keys.iter()
+            .filter_map(|k| {
+                Poison::of(k).map(|p| match p {
+                    Poison::Refused => (k.clone(), 1),
+                    Poison::Failing => (k.clone(), MAX_ATTEMPTS as usize),
+                })
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let mut timed = 0;
     let mut after_copies: Option<Instant> = None;
     let mut failure = None;
@@ -280,8 +296,17 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
             },
             _ = tokio::time::sleep(Duration::from_millis(50)) => {}
         }
-        let (applied, in_flight, last_call, last_fault) =
-            sink.with(|l| (l.applied, l.in_flight, l.last_call, l.last_fault));
+        let (applied, in_flight, last_call, last_fault, poison_done) = sink.with(|l| {
+            (
+                l.applied,
+                l.in_flight,
+                l.last_call,
+                l.last_fault,
+                poison
+                    .iter()
+                    .all(|(key, wanted)| l.keys.get(key).map_or(0, Vec::len) >= *wanted),
+            )
+        });
         if !restarted && applied * 10 >= keys.len() * 4 {
             restarted = true;
             at("restarting the store");
@@ -330,7 +355,8 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
         // (and the broker's redelivery): wait for it.
         let recovered =
             last_fault.is_none_or(|t| now.saturating_sub(t) > spec.lease * 2 + QUIET * 2);
-        let settled = applied == keys.len()
+        let settled = applied == keys.len() - poison.len()
+            && poison_done
             && in_flight == 0
             && quiet
             && recovered
@@ -359,6 +385,18 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     }
     let elapsed = started.elapsed();
     producer.abort();
+    // Read before the consumers stop, so that a dead letter written after
+    // its message's last call is waited for.
+    let dead = if spec.fault == Fault::Poison && failure.is_none() && timed_out.is_none() {
+        at("reading the dead letters");
+        Some(
+            channel
+                .dead_letters(spec.broker, poison.len(), Duration::from_secs(30))
+                .await,
+        )
+    } else {
+        None
+    };
     at("stopping the consumers");
     let forced_stops = fleet.stop(Duration::from_secs(15)).await;
     let ledger = sink.finish();
@@ -386,6 +424,13 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
         command: spec.command(),
     };
     let mut outcome = history::judge(&run, &ledger);
+    match dead {
+        Some(Ok(dead)) => {
+            history::judge_dead_letters(&mut outcome, &run.keys, &ledger, &dead, MAX_ATTEMPTS);
+        }
+        Some(Err(e)) => outcome.problem(e),
+        None => {}
+    }
     if let Some((applied, in_flight)) = timed_out {
         outcome.problems.push(format!(
             "did not settle within {:?}: {applied} of {} messages had their effect, {in_flight} calls still open",
@@ -499,6 +544,7 @@ fn commands(
 
 /// `idem consume` arguments for one consumer.
 fn consumer_args(spec: &Spec, from: &str, store: &[String]) -> Vec<String> {
+    let max_attempts = MAX_ATTEMPTS.to_string();
     let mut args: Vec<String> = [
         "consume",
         "--from",
@@ -508,7 +554,7 @@ fn consumer_args(spec: &Spec, from: &str, store: &[String]) -> Vec<String> {
         "--concurrency",
         "4",
         "--max-attempts",
-        "10",
+        &max_attempts,
         "--retry-initial-ms",
         "200",
         "--retry-max-ms",

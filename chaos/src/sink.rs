@@ -320,6 +320,12 @@ async fn call(
                 .end(&key, index, End::Answered(503), s.now());
             StatusCode::SERVICE_UNAVAILABLE
         }
+        Action::Refuse => {
+            s.ledger
+                .lock()
+                .end(&key, index, End::Answered(422), s.now());
+            StatusCode::UNPROCESSABLE_ENTITY
+        }
         Action::KillBeforeEffect => {
             s.kill(slot, process);
             StatusCode::INTERNAL_SERVER_ERROR

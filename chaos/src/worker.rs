@@ -93,7 +93,7 @@ async fn consume<S: Store + Clone, Src: Source>(
     let runner = Runner::new(guard, source, handler)
         .key(KeyFrom::Json("/key".into()))
         .concurrency(4)
-        .max_attempts(10)
+        .max_attempts(crate::scenario::MAX_ATTEMPTS)
         .backoff(Backoff {
             initial: Duration::from_millis(200),
             max: Duration::from_millis(1000),
@@ -145,8 +145,19 @@ async fn call(
         .await
         .map_err(HandlerError::transient)?
         .to_bytes();
+    // As `idem consume` takes them by default: a 4xx other than those that
+    // mean "not now" refuses the message for good.
+    let refused = status.is_client_error()
+        && !matches!(
+            status.as_u16(),
+            401 | 403 | 404 | 405 | 407 | 408 | 409 | 423 | 425 | 429
+        );
     if status.is_success() {
         Ok(body)
+    } else if refused {
+        Err(HandlerError::permanent(format!(
+            "the sink answered {status}"
+        )))
     } else {
         Err(HandlerError::transient(format!(
             "the sink answered {status}"
