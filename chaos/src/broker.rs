@@ -57,7 +57,8 @@ impl Broker {
         match self {
             Broker::Kafka => Some(
                 "tansu 0.6 has no transactions and never gives a dead member's partitions to \
-                 another member: a killed consumer's partitions wait for its restart",
+                 another member: the consumers join with static membership \
+                 (`group.instance.id`), so a killed consumer's restart takes its partitions back",
             ),
             Broker::RocketMq => Some(
                 "the RocketMQ client cannot set a delay per message: retries wait out the \

@@ -103,6 +103,9 @@ impl Fault {
             Fault::StoreCut | Fault::StoreSlow if !store.shared() => {
                 Some("the store lives in the consumer's process: no connection to cut or slow")
             }
+            Fault::StoreCut | Fault::StoreSlow if store == StoreKind::RedisCluster => Some(
+                "cluster nodes tell clients their own addresses: connections would go around a proxy",
+            ),
             Fault::DbCut if !matches!(store, StoreKind::Postgres | StoreKind::MariaDb) => {
                 Some("sessions ended by the SQL server: PostgreSQL and MariaDB only")
             }

@@ -121,18 +121,10 @@ impl Spec {
                 return Some("the library worker runs on the memory and Redis stores");
             }
         }
-        if self.broker == Broker::Kafka
-            && matches!(
-                self.fault,
-                Fault::KillAfterBegin
-                    | Fault::KillAfterEffect
-                    | Fault::KillAfterAnswer
-                    | Fault::KillInRetry
-                    | Fault::Zombie
-            )
-        {
+        if self.broker == Broker::Kafka && self.fault == Fault::Zombie {
             return Some(
-                "tansu never gives a dead or stopped member's partitions to another member",
+                "tansu never gives a stopped member's partitions to another member: no one \
+                 can take the key over",
             );
         }
         if matches!(self.fault, Fault::BrokerCut | Fault::BrokerSlow)
@@ -534,6 +526,12 @@ fn commands(
     );
     Ok((0..consumers)
         .map(|slot| match spec.runner {
+            // Static membership: a killed consumer's restart joins as the
+            // same member and takes its partitions back.
+            RunnerKind::Sidecar if spec.broker == Broker::Kafka => {
+                let from = format!("{from}&group.instance.id=consumer-{slot}");
+                (idem.to_owned(), consumer_args(spec, &from, store))
+            }
             RunnerKind::Sidecar => sidecar.clone(),
             RunnerKind::Library => library.clone(),
             RunnerKind::Mixed if slot == 0 => library.clone(),

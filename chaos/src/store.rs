@@ -23,6 +23,9 @@ pub enum StoreKind {
     Redis,
     /// A `redis-server` of the run's own with `appendfsync always`.
     RedisAof,
+    /// A Redis Cluster of the run's own: three masters, each with a
+    /// replica, no persistence. Its restart is a master's failover.
+    RedisCluster,
     Postgres,
     #[value(name = "mariadb")]
     MariaDb,
@@ -36,6 +39,7 @@ impl StoreKind {
             StoreKind::Tiered => "tiered (memory over file)",
             StoreKind::Redis => "Redis, no persistence",
             StoreKind::RedisAof => "Redis, appendfsync always",
+            StoreKind::RedisCluster => "Redis Cluster, 3 masters with replicas",
             StoreKind::Postgres => "PostgreSQL",
             StoreKind::MariaDb => "MariaDB",
         }
@@ -69,6 +73,7 @@ pub struct Store {
     /// `idem consume` arguments naming it.
     pub args: Vec<String>,
     redis: Option<OwnRedis>,
+    cluster: Vec<OwnRedis>,
 }
 
 impl Store {
@@ -77,6 +82,7 @@ impl Store {
     pub async fn start(kind: StoreKind, run: &str, dir: &Path) -> Result<Self, String> {
         let arg = |url: String| vec!["--store".to_owned(), url];
         let mut redis = None;
+        let mut cluster = Vec::new();
         let args = match kind {
             StoreKind::Memory => arg("memory://".into()),
             StoreKind::File => arg(format!("file://{}", dir.join("store").display())),
@@ -94,6 +100,15 @@ impl Store {
                 redis = Some(own);
                 arg(url)
             }
+            StoreKind::RedisCluster => {
+                cluster = start_cluster(&dir.join("cluster")).await?;
+                let seeds: Vec<String> = cluster
+                    .iter()
+                    .take(3)
+                    .map(|n| format!("127.0.0.1:{}", n.port))
+                    .collect();
+                arg(format!("redis+cluster://{}", seeds.join(",")))
+            }
             StoreKind::Postgres => {
                 let url = services::url(
                     "IDEM_TEST_POSTGRES_URL",
@@ -106,7 +121,12 @@ impl Store {
                 arg(with_table(&url, run))
             }
         };
-        Ok(Self { kind, args, redis })
+        Ok(Self {
+            kind,
+            args,
+            redis,
+            cluster,
+        })
     }
 
     /// Kills the store's server and starts it again on the same port and
@@ -139,6 +159,7 @@ impl Store {
                 wait_port(3306).await?;
                 return Ok(false);
             }
+            StoreKind::RedisCluster => return fail_over(&mut self.cluster).await,
             _ => {}
         }
         let Some(redis) = &mut self.redis else {
@@ -223,7 +244,7 @@ impl Store {
     }
 
     pub async fn stop(self) {
-        if let Some(mut redis) = self.redis {
+        for mut redis in self.redis.into_iter().chain(self.cluster) {
             let _ = redis.child.kill().await;
         }
     }
@@ -241,28 +262,130 @@ struct OwnRedis {
     port: u16,
     dir: PathBuf,
     aof: bool,
+    /// `redis-server` arguments besides port, files and persistence.
+    extra: Vec<String>,
     child: Child,
 }
 
 impl OwnRedis {
     async fn start(dir: PathBuf, aof: bool) -> Result<Self, String> {
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        Self::start_with(dir, aof, Vec::new()).await
+    }
+
+    async fn start_with(dir: PathBuf, aof: bool, extra: Vec<String>) -> Result<Self, String> {
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let port = free_port()?;
-        let child = spawn_redis(&dir, port, aof).await?;
+        let child = spawn_redis(&dir, port, aof, &extra).await?;
         Ok(Self {
             port,
             dir,
             aof,
+            extra,
             child,
         })
     }
 
-    async fn restart(&mut self) -> Result<(), String> {
+    async fn kill(&mut self) {
         let _ = self.child.kill().await;
         let _ = self.child.wait().await;
-        self.child = spawn_redis(&self.dir, self.port, self.aof).await?;
+    }
+
+    async fn restart(&mut self) -> Result<(), String> {
+        self.kill().await;
+        self.child = spawn_redis(&self.dir, self.port, self.aof, &self.extra).await?;
         Ok(())
     }
+}
+
+/// Six `redis-server`s in cluster mode under `dir`, made one cluster of
+/// three masters (the first three) each with a replica; answers once every
+/// slot is served.
+async fn start_cluster(dir: &Path) -> Result<Vec<OwnRedis>, String> {
+    let extra: Vec<String> = [
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+        // A dead master's replica takes over within a few seconds.
+        "--cluster-node-timeout",
+        "2000",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut nodes = Vec::new();
+    for i in 0..6 {
+        nodes.push(OwnRedis::start_with(dir.join(format!("node{i}")), false, extra.clone()).await?);
+    }
+    let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
+    args.extend(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)));
+    args.extend(["--cluster-replicas", "1", "--cluster-yes"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    shell("redis-cli", &args).await?;
+    cluster_ok(&nodes).await?;
+    Ok(nodes)
+}
+
+/// Waits up to 30 s until every running node of `nodes` says the cluster
+/// serves every slot.
+async fn cluster_ok(nodes: &[OwnRedis]) -> Result<(), String> {
+    for _ in 0..300 {
+        let mut ok = true;
+        for n in nodes {
+            let port = n.port.to_string();
+            let info = shell("redis-cli", &["-p", &port, "cluster", "info"])
+                .await
+                .unwrap_or_default();
+            ok &= info.contains("cluster_state:ok");
+        }
+        if ok {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err("the run's Redis Cluster did not reach cluster_state:ok within 30 s".into())
+}
+
+/// Fails a master of the cluster over: `kill -9` of the first node that
+/// is a master now, waits until its replica serves its slots, then starts
+/// the killed node again (it comes back as a replica). Answers `true`:
+/// replication is asynchronous, so the last writes the master took may be
+/// lost with it.
+async fn fail_over(nodes: &mut [OwnRedis]) -> Result<bool, String> {
+    let mut master = None;
+    for (i, n) in nodes.iter().enumerate() {
+        let role = shell("redis-cli", &["-p", &n.port.to_string(), "role"])
+            .await
+            .unwrap_or_default();
+        if role.starts_with("master") {
+            master = Some(i);
+            break;
+        }
+    }
+    let i = master.ok_or("no master in the run's Redis Cluster")?;
+    nodes[i].kill().await;
+    let others: Vec<&OwnRedis> = nodes
+        .iter()
+        .enumerate()
+        .filter(|(j, _)| *j != i)
+        .map(|(_, n)| n)
+        .collect();
+    for _ in 0..300 {
+        let mut ok = true;
+        for n in &others {
+            let info = shell("redis-cli", &["-p", &n.port.to_string(), "cluster", "info"])
+                .await
+                .unwrap_or_default();
+            ok &= info.contains("cluster_state:ok");
+        }
+        if ok {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    nodes[i].restart().await?;
+    cluster_ok(nodes).await?;
+    Ok(true)
 }
 
 /// A loopback port nothing listens on now.
@@ -272,7 +395,7 @@ pub fn free_port() -> Result<u16, String> {
 }
 
 /// Starts `redis-server` and waits until it answers.
-async fn spawn_redis(dir: &Path, port: u16, aof: bool) -> Result<Child, String> {
+async fn spawn_redis(dir: &Path, port: u16, aof: bool, extra: &[String]) -> Result<Child, String> {
     let mut cmd = Command::new("redis-server");
     cmd.args([
         "--port",
@@ -284,7 +407,8 @@ async fn spawn_redis(dir: &Path, port: u16, aof: bool) -> Result<Child, String> 
     ])
     .arg("--dir")
     .arg(dir)
-    .args(["--logfile", "redis.log"]);
+    .args(["--logfile", "redis.log"])
+    .args(extra);
     if aof {
         cmd.args(["--appendonly", "yes", "--appendfsync", "always"]);
     } else {

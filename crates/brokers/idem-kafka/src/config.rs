@@ -107,7 +107,11 @@ impl KafkaConfig {
     /// - `lanes=partition` (default) or `key`, see [`Lanes`];
     /// - any parameter with a dot in its name is a librdkafka property,
     ///   passed on as it is (`session.timeout.ms=10000`,
-    ///   `security.protocol=ssl`).
+    ///   `security.protocol=ssl`). `group.instance.id=NAME`, one name per
+    ///   consumer process that it keeps across restarts, turns on static
+    ///   membership: a restarted consumer takes its partitions back without
+    ///   a rebalance (brokers that never give a dead member's partitions to
+    ///   another member, such as tansu 0.6, need it to resume at all).
     ///
     /// An unknown, repeated or missing parameter is an error naming it and
     /// showing the URL form.
