@@ -62,3 +62,10 @@ pub use error::ConnectError;
 pub use publisher::{KafkaPublisher, PublishError, Published};
 pub use record::{ATTEMPTS, DUE, MESSAGE_ID, ORIGIN, Receipt};
 pub use source::KafkaSource;
+
+/// What a polled record decodes to, and the headers of its retry copies
+/// and dead letters, for the fuzz targets in `fuzz/`; not part of the API.
+#[doc(hidden)]
+pub mod decode {
+    pub use crate::record::{Record, copy_header_list, due_of, message_of};
+}

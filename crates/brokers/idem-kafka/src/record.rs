@@ -56,57 +56,97 @@ impl Receipt {
     }
 }
 
+/// A polled record as plain values: what [`message_of`] reads, and what
+/// [`message`] takes from rdkafka's message.
+#[derive(Clone, Copy, Debug)]
+pub struct Record<'a> {
+    /// The topic it was read from.
+    pub topic: &'a str,
+    /// Its partition.
+    pub partition: i32,
+    /// Its offset.
+    pub offset: i64,
+    /// Its headers in order: names, and values (`None` for a null value).
+    pub headers: &'a [(&'a str, Option<&'a [u8]>)],
+    /// The record's key.
+    pub key: Option<&'a [u8]>,
+    /// The record's value.
+    pub payload: Option<&'a [u8]>,
+}
+
 /// A retried copy's due time, if it has one.
 pub(crate) fn due(m: &BorrowedMessage<'_>) -> Option<i64> {
-    let headers = m.headers()?;
+    due_of(m.headers()?.iter().map(|h| (h.key, h.value)))
+}
+
+/// The due time in `headers` (the first `idem-due`), if it reads as one.
+pub fn due_of<'a>(mut headers: impl Iterator<Item = (&'a str, Option<&'a [u8]>)>) -> Option<i64> {
     headers
-        .iter()
-        .find(|h| h.key == DUE)
-        .and_then(|h| std::str::from_utf8(h.value?).ok()?.parse().ok())
+        .find(|(name, _)| *name == DUE)
+        .and_then(|(_, value)| std::str::from_utf8(value?).ok()?.parse().ok())
 }
 
 /// The message, the record key and the origin (when the record is a copy)
-/// of a polled record.
-///
-/// The message id is the `message-id` header; a record without one is
-/// known by its origin, so that its redeliveries (after a crash or a
-/// rebalance) are recognised, though a second publication is not.
+/// of a polled record; see [`message_of`].
 pub(crate) fn message(
     m: &BorrowedMessage<'_>,
     lane: Option<Bytes>,
 ) -> (Message, Option<Bytes>, Option<String>) {
-    let mut headers = Vec::new();
+    let headers: Vec<(&str, Option<&[u8]>)> = m
+        .headers()
+        .map(|hs| hs.iter().map(|h| (h.key, h.value)).collect())
+        .unwrap_or_default();
+    let record = Record {
+        topic: m.topic(),
+        partition: m.partition(),
+        offset: m.offset(),
+        headers: &headers,
+        key: m.key(),
+        payload: m.payload(),
+    };
+    message_of(&record, lane)
+}
+
+/// The message, the record key and the origin (when the record is a copy)
+/// of `record`.
+///
+/// The message id is the `message-id` header; a record without one is
+/// known by its origin, so that its redeliveries (after a crash or a
+/// rebalance) are recognised, though a second publication is not.
+pub fn message_of(
+    record: &Record<'_>,
+    lane: Option<Bytes>,
+) -> (Message, Option<Bytes>, Option<String>) {
+    let mut headers = Vec::with_capacity(record.headers.len());
     let (mut id, mut attempts_made, mut origin, mut content_type) = (None, 0u32, None, None);
-    if let Some(hs) = m.headers() {
-        headers.reserve(hs.count());
-        for h in hs.iter() {
-            let value = h.value.unwrap_or_default();
-            let text = || std::str::from_utf8(value).ok().map(str::to_owned);
-            match h.key {
-                k if k.eq_ignore_ascii_case(MESSAGE_ID) => id = text(),
-                ATTEMPTS => attempts_made = text().and_then(|t| t.parse().ok()).unwrap_or(0),
-                ORIGIN => origin = text(),
-                k if k.eq_ignore_ascii_case("content-type") => content_type = text(),
-                _ => {}
-            }
-            headers.push((h.key.to_owned(), Bytes::copy_from_slice(value)));
+    for &(name, value) in record.headers {
+        let value = value.unwrap_or_default();
+        let text = || std::str::from_utf8(value).ok().map(str::to_owned);
+        match name {
+            k if k.eq_ignore_ascii_case(MESSAGE_ID) => id = text(),
+            ATTEMPTS => attempts_made = text().and_then(|t| t.parse().ok()).unwrap_or(0),
+            // An empty origin names no record: the record is known by its own.
+            ORIGIN => origin = text().filter(|o| !o.is_empty()),
+            k if k.eq_ignore_ascii_case("content-type") => content_type = text(),
+            _ => {}
         }
+        headers.push((name.to_owned(), Bytes::copy_from_slice(value)));
     }
     let id = id.filter(|i| !i.is_empty()).unwrap_or_else(|| {
         origin
             .clone()
-            .unwrap_or_else(|| format!("{}/{}/{}", m.topic(), m.partition(), m.offset()))
+            .unwrap_or_else(|| format!("{}/{}/{}", record.topic, record.partition, record.offset))
     });
     let message = Message {
         id: Some(id),
         headers,
-        body: Bytes::copy_from_slice(m.payload().unwrap_or_default()),
+        body: Bytes::copy_from_slice(record.payload.unwrap_or_default()),
         content_type,
         attempt: attempts_made.saturating_add(1),
         lane,
         key: None,
     };
-    (message, m.key().map(Bytes::copy_from_slice), origin)
+    (message, record.key.map(Bytes::copy_from_slice), origin)
 }
 
 /// The headers of a retry copy or dead letter of `message`: its own (less
@@ -114,12 +154,7 @@ pub(crate) fn message(
 /// `idem`'s, whose names replace the original's and whose values are made
 /// safe ([`idem_consumer::copy`]). Kafka acts on no header name.
 pub(crate) fn copy_headers(message: &Message, idem: &[(&str, &str)]) -> OwnedHeaders {
-    let original = message
-        .headers
-        .iter()
-        .filter(|(name, _)| !name.eq_ignore_ascii_case(DUE))
-        .map(|(name, value)| (name.as_str(), value));
-    let headers = copy::copy_headers(original, HeaderRules::PLAIN, idem);
+    let headers = copy_header_list(message, idem);
     let mut owned = OwnedHeaders::new_with_capacity(headers.len());
     for (name, value) in &headers {
         let value: &[u8] = match value {
@@ -132,4 +167,60 @@ pub(crate) fn copy_headers(message: &Message, idem: &[(&str, &str)]) -> OwnedHea
         });
     }
     owned
+}
+
+/// The headers [`copy_headers`] writes, in order, as plain values.
+pub fn copy_header_list<'m>(
+    message: &'m Message,
+    idem: &[(&str, &str)],
+) -> Vec<(String, CopyValue<&'m Bytes>)> {
+    let original = message
+        .headers
+        .iter()
+        .filter(|(name, _)| !name.eq_ignore_ascii_case(DUE))
+        .map(|(name, value)| (name.as_str(), value));
+    copy::copy_headers(original, HeaderRules::PLAIN, idem)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record<'a>(headers: &'a [(&'a str, Option<&'a [u8]>)]) -> Record<'a> {
+        Record {
+            topic: "orders",
+            partition: 3,
+            offset: 42,
+            headers,
+            key: Some(b"k"),
+            payload: Some(b"{}"),
+        }
+    }
+
+    #[test]
+    fn an_empty_origin_does_not_become_the_message_id() {
+        for value in [None, Some(&b""[..])] {
+            let headers = [(ORIGIN, value)];
+            let (message, _, origin) = message_of(&record(&headers), None);
+            assert_eq!(message.id.as_deref(), Some("orders/3/42"));
+            assert_eq!(origin, None);
+        }
+    }
+
+    #[test]
+    fn a_copy_is_known_by_its_origin_and_counts_its_attempts() {
+        let headers = [
+            (ORIGIN, Some(&b"orders/0/7"[..])),
+            (ATTEMPTS, Some(&b"2"[..])),
+            (DUE, Some(&b"1764669600000"[..])),
+        ];
+        let (message, key, origin) = message_of(&record(&headers), None);
+        assert_eq!(message.id.as_deref(), Some("orders/0/7"));
+        assert_eq!(origin.as_deref(), Some("orders/0/7"));
+        assert_eq!(message.attempt, 3);
+        assert_eq!(key.as_deref(), Some(&b"k"[..]));
+        assert_eq!(due_of(headers.iter().copied()), Some(1_764_669_600_000));
+        let copy = copy_header_list(&message, &[(ORIGIN, "orders/0/7")]);
+        assert!(copy.iter().all(|(name, _)| name != DUE));
+    }
 }

@@ -55,3 +55,10 @@ pub use config::{ConfigError, RocketMqConfig};
 pub use monitor::RocketMqMonitor;
 pub use publisher::{PublishError, Published, RocketMqPublisher};
 pub use source::{Receipt, RocketMqSource};
+
+/// What a delivered message decodes to, and the properties of its dead
+/// letter, for the fuzz targets in `fuzz/`; not part of the API.
+#[doc(hidden)]
+pub mod decode {
+    pub use crate::source::{Decoded, dead_letter_properties, message_of};
+}

@@ -321,17 +321,64 @@ impl Receipt {
 
 fn delivery(handoff: Handoff) -> Delivery<Receipt> {
     let m = handoff.message;
-    let properties = m.properties();
+    let properties: Vec<(&str, &str)> = m
+        .properties()
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let decoded = message_of(
+        &properties,
+        m.body(),
+        m.reconsume_times(),
+        m.msg_id().as_str(),
+    );
+    Delivery {
+        message: decoded.message,
+        receipt: Receipt {
+            verdict: Some(handoff.verdict),
+            message_id: decoded.message_id,
+            queue_id: m.queue_id(),
+            queue_offset: m.queue_offset(),
+            keys: decoded.keys,
+            tags: decoded.tags,
+        },
+    }
+}
+
+/// What a delivered message decodes to: the runner's message, and what its
+/// receipt keeps.
+#[derive(Debug)]
+pub struct Decoded {
+    /// The runner's message: the user properties as headers, `KEYS` as its
+    /// id, the reconsume count plus one as its attempt.
+    pub message: Message,
+    /// The broker's message id: `UNIQ_KEY`, or the stored message's id.
+    pub message_id: String,
+    /// `KEYS`, kept on a dead letter.
+    pub keys: Option<String>,
+    /// `TAGS`, kept on a dead letter.
+    pub tags: Option<String>,
+}
+
+/// Decodes a delivered message from its properties (as the client read
+/// them from the `name\u{1}value\u{2}` encoding), body, reconsume count and
+/// stored message id.
+pub fn message_of(
+    properties: &[(&str, &str)],
+    body: Option<Bytes>,
+    reconsume_times: i32,
+    msg_id: &str,
+) -> Decoded {
     let property = |name: &str| {
         properties
             .iter()
-            .find(|(k, _)| k.as_str() == name)
-            .map(|(_, v)| v.to_string())
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| (*v).to_owned())
     };
     let mut headers: Vec<(String, Bytes)> = properties
         .iter()
-        .filter(|(k, _)| !STRING_HASH_SET.contains(k.as_str()))
-        .map(|(k, v)| (k.to_string(), Bytes::copy_from_slice(v.as_bytes())))
+        .filter(|(k, _)| !STRING_HASH_SET.contains(*k))
+        .map(|(k, v)| ((*k).to_owned(), Bytes::copy_from_slice(v.as_bytes())))
         .collect();
     // The property map keeps no order; a stable one reads better.
     headers.sort_by(|a, b| a.0.cmp(&b.0));
@@ -340,25 +387,38 @@ fn delivery(handoff: Handoff) -> Delivery<Receipt> {
         id: keys.clone(),
         content_type: property(CONTENT_TYPE),
         headers,
-        body: m.body().unwrap_or_default(),
-        attempt: u32::try_from(m.reconsume_times().max(0))
+        body: body.unwrap_or_default(),
+        attempt: u32::try_from(reconsume_times.max(0))
             .unwrap_or(0)
             .saturating_add(1),
         // Concurrent consumption gives no order; the runner sets the key.
         ..Message::default()
     };
-    let message_id = property("UNIQ_KEY").unwrap_or_else(|| m.msg_id().to_string());
-    Delivery {
+    Decoded {
         message,
-        receipt: Receipt {
-            verdict: Some(handoff.verdict),
-            message_id,
-            queue_id: m.queue_id(),
-            queue_offset: m.queue_offset(),
-            keys,
-            tags: property("TAGS"),
-        },
+        message_id: property("UNIQ_KEY").unwrap_or_else(|| msg_id.to_owned()),
+        keys,
+        tags: property("TAGS"),
     }
+}
+
+/// The user properties of `message`'s dead letter, in order: its own
+/// (those the broker acts on kept as `idem-original-<name>`), then idem's
+/// from `why`, made safe.
+pub fn dead_letter_properties(message: &Message, why: &DeadLetter) -> Vec<(String, String)> {
+    let why = why.headers();
+    let idem: Vec<(&str, &str)> = why.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    let original = message.headers.iter().map(|(n, v)| (n, v));
+    copy_headers(original, ROCKETMQ_PROPERTIES, &idem)
+        .into_iter()
+        .map(|(name, value)| {
+            let value = match value {
+                CopyValue::Original(v) => String::from_utf8_lossy(v).into_owned(),
+                CopyValue::Idem(v) => v,
+            };
+            (name, value)
+        })
+        .collect()
 }
 
 impl Source for RocketMqSource {
@@ -440,14 +500,7 @@ impl Source for RocketMqSource {
         if let Some(tags) = &receipt.tags {
             builder = builder.tags(tags.as_str());
         }
-        let why = why.headers();
-        let idem: Vec<(&str, &str)> = why.iter().map(|(n, v)| (*n, v.as_str())).collect();
-        let original = message.headers.iter().map(|(n, v)| (n, v));
-        for (name, value) in copy_headers(original, ROCKETMQ_PROPERTIES, &idem) {
-            let value = match value {
-                CopyValue::Original(v) => String::from_utf8_lossy(v).into_owned(),
-                CopyValue::Idem(v) => v,
-            };
+        for (name, value) in dead_letter_properties(&message, &why) {
             builder = builder
                 .raw_property(name, value)
                 .map_err(|e| fail(e.to_string()))?;

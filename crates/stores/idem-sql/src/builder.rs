@@ -362,8 +362,9 @@ impl SqlStoreBuilder {
         }
     }
 
-    async fn pg_pool(&self, size: u32) -> Result<sqlx::PgPool, OpenError> {
-        let options = PgConnectOptions::from_str(&self.url)
+    /// The PostgreSQL driver's options for the URL and settings.
+    fn pg_options(&self) -> Result<PgConnectOptions, OpenError> {
+        Ok(PgConnectOptions::from_str(&self.url)
             .map_err(|e| self.connect_error(e))?
             // Every statement a store may run stays prepared.
             .statement_cache_capacity(statement_cache(self.shards))
@@ -377,7 +378,11 @@ impl SqlStoreBuilder {
                     "lock_timeout",
                     format!("{}ms", self.lock_timeout.as_millis()),
                 ),
-            ]);
+            ]))
+    }
+
+    async fn pg_pool(&self, size: u32) -> Result<sqlx::PgPool, OpenError> {
+        let options = self.pg_options()?;
         self.try_connect(&options).await?;
         PgPoolOptions::new()
             .max_connections(size)
@@ -392,8 +397,9 @@ impl SqlStoreBuilder {
             .map_err(|e| self.connect_error(e))
     }
 
-    async fn mysql_pool(&self, size: u32) -> Result<sqlx::MySqlPool, OpenError> {
-        let options = MySqlConnectOptions::from_str(&self.url)
+    /// The MySQL driver's options for the URL and settings.
+    fn mysql_options(&self) -> Result<MySqlConnectOptions, OpenError> {
+        Ok(MySqlConnectOptions::from_str(&self.url)
             .map_err(|e| self.connect_error(e))?
             // Affected rows count the rows an update matched.
             .found_rows(true)
@@ -401,7 +407,11 @@ impl SqlStoreBuilder {
             // through the session's zone: in one with daylight saving it
             // steps back an hour once a year. UTC never does, whatever
             // `?timezone=` says.
-            .timezone(Some("+00:00".to_owned()));
+            .timezone(Some("+00:00".to_owned())))
+    }
+
+    async fn mysql_pool(&self, size: u32) -> Result<sqlx::MySqlPool, OpenError> {
+        let options = self.mysql_options()?;
         let lock_wait_secs = self.lock_timeout.as_secs_f64().ceil().max(1.0) as u64;
         self.try_connect(&options).await?;
         MySqlPoolOptions::new()
@@ -503,6 +513,41 @@ impl SqlStoreBuilder {
     }
 }
 
+/// What idem reads from a store URL, checked as [`SqlStoreBuilder::connect`]
+/// checks it, without connecting.
+#[derive(Debug)]
+pub struct StoreUrl {
+    /// The URL handed to the driver: idem's settings taken out.
+    pub driver_url: String,
+    /// The URL as idem shows it: [`redacted`].
+    pub shown: String,
+    /// The tables the records go to.
+    pub tables: Tables,
+    /// Most connections held open.
+    pub pool_size: u32,
+    /// How long a statement waits for a row lock.
+    pub lock_timeout: Duration,
+}
+
+/// Reads `url` as [`SqlStore::builder`] and `connect` do, up to the
+/// driver's connect options, and stops before connecting: the settings
+/// idem takes out of it, or why it is refused.
+pub fn read_store_url(url: &str) -> Result<StoreUrl, OpenError> {
+    let builder = SqlStoreBuilder::new(url);
+    let (dialect, tables) = builder.check()?;
+    match dialect {
+        Dialect::Postgres => drop(builder.pg_options()?),
+        Dialect::MySql => drop(builder.mysql_options()?),
+    }
+    Ok(StoreUrl {
+        shown: redacted(&builder.url),
+        driver_url: builder.url,
+        tables,
+        pool_size: builder.pool_size,
+        lock_timeout: builder.lock_timeout,
+    })
+}
+
 /// Refuses an outcome limit that a statement within the MySQL server's
 /// `max_allowed_packet` cannot carry: every `complete` of an outcome near
 /// the limit would fail, every time.
@@ -540,45 +585,99 @@ fn parse_duration(value: &str) -> Option<Duration> {
 
 /// `url` with every credential the drivers accept replaced by `***`: the
 /// password in `user:password@`, and query parameters that carry a secret
-/// (`password=`, `sslpassword=`, `sslkey=` and their spellings). Use it
-/// wherever a store URL is shown: logs, errors, command output.
+/// (`password=`, `sslpassword=`, `sslkey=` and their spellings, also
+/// percent-encoded, as the drivers decode them). Use it wherever a store
+/// URL is shown: logs, errors, command output.
+///
+/// A password may hold unencoded `/`, `@`, `?` or `#`: everything before
+/// the last `@` ahead of the query is user information. Should a query
+/// value hold an `@` as well, more than the password is hidden, never less.
 pub fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (before_query, query) = match rest.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (rest, None),
-    };
-    let mut out = format!("{scheme}://");
-    // Everything before the last '@' is user information, also when a
-    // password holds an unencoded '/' or '@'.
-    match before_query.rsplit_once('@') {
-        Some((userinfo, host_and_path)) => {
-            match userinfo.split_once(':') {
-                Some((user, _)) => {
-                    out.push_str(user);
-                    out.push_str(":***");
-                }
-                None => out.push_str(userinfo),
-            }
-            out.push('@');
-            out.push_str(host_and_path);
+    // A URL mistyped without `//` is shown in the error that refuses it:
+    // it is read as the rest of one.
+    // So is a `://` that is no scheme's (inside a query value).
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest))
+            if !scheme.is_empty()
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')) =>
+        {
+            (&url[..scheme.len() + 3], rest)
         }
-        None => out.push_str(before_query),
+        _ => ("", url),
+    };
+    // Where a secret may be, as byte ranges of `rest`; where a '?' comes
+    // before the '@', both readings count: a '?' in the password, and a
+    // query whose value holds an '@'.
+    let mut hidden = Vec::new();
+    // The user information ends at the last '@' before the first '?' that
+    // follows an '@'.
+    let query_after_at = match rest.find('@') {
+        Some(at) => rest[at..].find('?').map(|q| at + q),
+        None => None,
+    };
+    if let Some(at) = rest[..query_after_at.unwrap_or(rest.len())].rfind('@')
+        && let Some(colon) = rest[..at].find(':')
+    {
+        hidden.push((colon + 1, at));
     }
-    if let Some(query) = query {
-        out.push('?');
-        let pairs: Vec<String> = query
-            .split('&')
-            .map(|pair| match pair.split_once('=') {
-                Some((name, _)) if secret_param(name) => format!("{name}=***"),
-                _ => pair.to_owned(),
-            })
-            .collect();
-        out.push_str(&pairs.join("&"));
+    // Every `name=value` pair after the first '?', as the drivers split
+    // them: at '&' only.
+    if let Some(q) = rest.find('?') {
+        let mut offset = q + 1;
+        for piece in rest[q + 1..].split_inclusive('&') {
+            let pair = piece.strip_suffix('&').unwrap_or(piece);
+            if let Some((name, _)) = pair.split_once('=')
+                && secret_param(&percent_decoded(name))
+            {
+                hidden.push((offset + name.len() + 1, offset + pair.len()));
+            }
+            offset += piece.len();
+        }
     }
+    hidden.sort_unstable();
+    let mut out = scheme.to_owned();
+    let mut shown_to = 0;
+    for (from, to) in hidden {
+        if from < shown_to {
+            // Overlaps the range hidden last: hide up to the later end.
+            if to > shown_to {
+                shown_to = to;
+            }
+            continue;
+        }
+        out.push_str(&rest[shown_to..from]);
+        out.push_str("***");
+        shown_to = to;
+    }
+    out.push_str(&rest[shown_to..]);
     out
+}
+
+/// `text` with its `%XX` escapes decoded, as the drivers read a query
+/// parameter's name.
+fn percent_decoded(text: &str) -> String {
+    let mut bytes = Vec::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('%') {
+        bytes.extend_from_slice(&rest.as_bytes()[..at]);
+        match rest
+            .get(at + 1..at + 3)
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+        {
+            Some(byte) => {
+                bytes.push(byte);
+                rest = &rest[at + 3..];
+            }
+            None => {
+                bytes.push(b'%');
+                rest = &rest[at + 1..];
+            }
+        }
+    }
+    bytes.extend_from_slice(rest.as_bytes());
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// Whether a URL query parameter named `name` carries a secret: a
@@ -659,5 +758,58 @@ mod tests {
             redacted("mysql://app:p@ss/w@db:3306/test"),
             "mysql://app:***@db:3306/test"
         );
+    }
+
+    #[test]
+    fn a_password_holding_a_question_mark_is_never_shown() {
+        assert_eq!(
+            redacted("mysql://app:s3?cret@db:3306/test?ssl-mode=DISABLED"),
+            "mysql://app:***@db:3306/test?ssl-mode=DISABLED"
+        );
+        assert_eq!(redacted("mysql://:\u{1})%?R@?"), "mysql://:***@?");
+        assert_eq!(
+            redacted("postgres://db/x?password=ab?cd&sslmode=require"),
+            "postgres://db/x?password=***&sslmode=require"
+        );
+        assert_eq!(
+            redacted("postgres://app:pw@db/x?application_name=a@b&sslmode=require"),
+            "postgres://app:***@db/x?application_name=a@b&sslmode=require"
+        );
+        // An '@' in a query value and no user information: the query's
+        // secrets are hidden still, also one that reads as user information.
+        assert_eq!(
+            redacted("mysql://h?password=x:y@tail&ssl-mode=DISABLED"),
+            "mysql://h?password=***&ssl-mode=DISABLED"
+        );
+        assert_eq!(
+            redacted("postgres://db/x?user=app@corp&password=s3cret"),
+            "postgres://db/x?user=app@corp&password=***"
+        );
+    }
+
+    #[test]
+    fn a_mistyped_url_shows_no_password_either() {
+        assert_eq!(
+            redacted("postgres:/db?password=s3cret"),
+            "postgres:/db?password=***"
+        );
+        assert_eq!(redacted("app:s3cret@db/x"), "app:***@db/x");
+        assert_eq!(
+            redacted("postgres:/db?password=s3://cret"),
+            "postgres:/db?password=***"
+        );
+        assert_eq!(redacted("sqlite::memory:"), "sqlite::memory:");
+        let refused = SqlStoreBuilder::new("postgres:/db?password=s3cret").check();
+        assert!(matches!(refused, Err(OpenError::Config(m)) if !m.contains("s3cret")));
+    }
+
+    #[test]
+    fn a_percent_encoded_password_parameter_is_never_shown() {
+        assert_eq!(
+            redacted("postgres://app@db/x?pass%77ord=s3cret&%73slkey=/k.pem"),
+            "postgres://app@db/x?pass%77ord=***&%73slkey=***"
+        );
+        assert_eq!(percent_decoded("a%2"), "a%2");
+        assert_eq!(percent_decoded("%zz%41"), "%zzA");
     }
 }

@@ -87,6 +87,13 @@ pub use transition::{
     StatusColumn, TransitionError, Transitions,
 };
 
+/// What idem reads from a store URL before the driver gets it, for the
+/// fuzz targets in `fuzz/`; not part of the API.
+#[doc(hidden)]
+pub mod decode {
+    pub use crate::builder::{StoreUrl, read_store_url};
+}
+
 /// The longest key the key column holds, in bytes: the most
 /// [`Limits::max_key_bytes`](idem_core::Limits) may be set to.
 pub const MAX_KEY_BYTES: usize = 1024;
