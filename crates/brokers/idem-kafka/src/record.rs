@@ -1,11 +1,16 @@
 //! Kafka records as the runner sees them, and the headers idem adds to the
 //! copies it writes to retry and dead-letter topics.
 
+use std::borrow::Cow;
+use std::ffi::{CStr, c_char, c_void};
+use std::ptr;
+
 use bytes::Bytes;
 use idem_consumer::Message;
 use idem_consumer::copy::{self, CopyValue, HeaderRules};
 use rdkafka::Message as _;
-use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
+use rdkafka::bindings as rdsys;
+use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
 
 use crate::consumer::Tp;
 
@@ -57,7 +62,7 @@ impl Receipt {
 }
 
 /// A polled record as plain values: what [`message_of`] reads, and what
-/// [`message`] takes from rdkafka's message.
+/// `message` takes from rdkafka's message.
 #[derive(Clone, Copy, Debug)]
 pub struct Record<'a> {
     /// The topic it was read from.
@@ -76,7 +81,49 @@ pub struct Record<'a> {
 
 /// A retried copy's due time, if it has one.
 pub(crate) fn due(m: &BorrowedMessage<'_>) -> Option<i64> {
-    due_of(m.headers()?.iter().map(|h| (h.key, h.value)))
+    due_of(
+        headers_of(m)
+            .iter()
+            .map(|(name, value)| (name.as_ref(), *value)),
+    )
+}
+
+/// The headers of a polled record, in order, each name read lossily.
+///
+/// rdkafka's own reader (`Headers::iter`) panics on a header name that is
+/// not UTF-8, which any producer writing through librdkafka's C API can
+/// send: the panic would end the consumer's poll thread and stall every
+/// partition. This reads the same list through librdkafka directly.
+fn headers_of<'m>(m: &'m BorrowedMessage<'_>) -> Vec<(Cow<'m, str>, Option<&'m [u8]>)> {
+    const OK: rdsys::rd_kafka_resp_err_t = rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR;
+    let mut list: *mut rdsys::rd_kafka_headers_t = ptr::null_mut();
+    // SAFETY: `m.ptr()` is the live message `m` borrows. librdkafka answers
+    // the message's own header list, freed with the message.
+    if unsafe { rdsys::rd_kafka_message_headers(m.ptr(), &mut list) } != OK || list.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: `list` is the message's header list, alive as long as `m`.
+    let count = unsafe { rdsys::rd_kafka_header_cnt(list) };
+    let mut headers = Vec::with_capacity(count);
+    for i in 0..count {
+        let mut name: *const c_char = ptr::null();
+        let mut value: *const c_void = ptr::null();
+        let mut size = 0usize;
+        // SAFETY: `i` is below the count; librdkafka points `name` and
+        // `value` into the list, which lives as long as `m`.
+        let found =
+            unsafe { rdsys::rd_kafka_header_get_all(list, i, &mut name, &mut value, &mut size) };
+        if found != OK || name.is_null() {
+            break;
+        }
+        // SAFETY: a header name is NUL-terminated, and `value` (when not
+        // null) holds `size` bytes; both are owned by the message.
+        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+        let value = (!value.is_null())
+            .then(|| unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) });
+        headers.push((name, value));
+    }
+    headers
 }
 
 /// The due time in `headers` (the first `idem-due`), if it reads as one.
@@ -92,10 +139,11 @@ pub(crate) fn message(
     m: &BorrowedMessage<'_>,
     lane: Option<Bytes>,
 ) -> (Message, Option<Bytes>, Option<String>) {
-    let headers: Vec<(&str, Option<&[u8]>)> = m
-        .headers()
-        .map(|hs| hs.iter().map(|h| (h.key, h.value)).collect())
-        .unwrap_or_default();
+    let read = headers_of(m);
+    let headers: Vec<(&str, Option<&[u8]>)> = read
+        .iter()
+        .map(|(name, value)| (name.as_ref(), *value))
+        .collect();
     let record = Record {
         topic: m.topic(),
         partition: m.partition(),
@@ -169,7 +217,7 @@ pub(crate) fn copy_headers(message: &Message, idem: &[(&str, &str)]) -> OwnedHea
     owned
 }
 
-/// The headers [`copy_headers`] writes, in order, as plain values.
+/// The headers `copy_headers` writes, in order, as plain values.
 pub fn copy_header_list<'m>(
     message: &'m Message,
     idem: &[(&str, &str)],
