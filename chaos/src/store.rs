@@ -322,18 +322,18 @@ async fn start_cluster(dir: &Path) -> Result<Vec<OwnRedis>, String> {
     args.extend(["--cluster-replicas", "1", "--cluster-yes"].map(String::from));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     shell("redis-cli", &args).await?;
-    cluster_ok(&nodes).await?;
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    cluster_ok(ports.iter().copied()).await?;
     Ok(nodes)
 }
 
-/// Waits up to 30 s until every running node of `nodes` says the cluster
-/// serves every slot.
-async fn cluster_ok(nodes: &[OwnRedis]) -> Result<(), String> {
+/// Waits up to 30 s until every node on `ports` says the cluster serves
+/// every slot.
+async fn cluster_ok(ports: impl Iterator<Item = u16> + Clone) -> Result<(), String> {
     for _ in 0..300 {
         let mut ok = true;
-        for n in nodes {
-            let port = n.port.to_string();
-            let info = shell("redis-cli", &["-p", &port, "cluster", "info"])
+        for port in ports.clone() {
+            let info = shell("redis-cli", &["-p", &port.to_string(), "cluster", "info"])
                 .await
                 .unwrap_or_default();
             ok &= info.contains("cluster_state:ok");
@@ -364,27 +364,11 @@ async fn fail_over(nodes: &mut [OwnRedis]) -> Result<bool, String> {
     }
     let i = master.ok_or("no master in the run's Redis Cluster")?;
     nodes[i].kill().await;
-    let others: Vec<&OwnRedis> = nodes
-        .iter()
-        .enumerate()
-        .filter(|(j, _)| *j != i)
-        .map(|(_, n)| n)
-        .collect();
-    for _ in 0..300 {
-        let mut ok = true;
-        for n in &others {
-            let info = shell("redis-cli", &["-p", &n.port.to_string(), "cluster", "info"])
-                .await
-                .unwrap_or_default();
-            ok &= info.contains("cluster_state:ok");
-        }
-        if ok {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let killed = nodes[i].port;
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    cluster_ok(ports.iter().copied().filter(|p| *p != killed)).await?;
     nodes[i].restart().await?;
-    cluster_ok(nodes).await?;
+    cluster_ok(ports.iter().copied()).await?;
     Ok(true)
 }
 
