@@ -2,6 +2,7 @@
 //! explained by a fault, the fenced sink at one effect a key where fencing
 //! is the defence, tokens increasing per key, never two live holders.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -51,6 +52,9 @@ pub struct Outcome {
     pub unexplained_fenced: u64,
     /// Writes the fenced sink refused (a stale token).
     pub refused: u64,
+    /// In a run with the transactional sink: committed effect rows beyond
+    /// the first of their key (none is explained: the inbox must hold).
+    pub doubled_inbox: Option<u64>,
     /// Calls whose token was not above every earlier call's of their key.
     pub token_order: u64,
     /// Calls that arrived while another holder's lease was certainly live.
@@ -82,7 +86,7 @@ impl Outcome {
 
     /// The figures of the report's columns after the run's names, each
     /// with its label.
-    pub fn figures(&self) -> [(&'static str, String); 12] {
+    pub fn figures(&self) -> [(&'static str, String); 13] {
         [
             (
                 "consumers",
@@ -120,6 +124,10 @@ impl Outcome {
                 } else {
                     "—".into()
                 },
+            ),
+            (
+                "inbox doubled",
+                self.doubled_inbox.map_or("—".into(), |n| n.to_string()),
             ),
             (
                 "recovery ms",
@@ -194,6 +202,7 @@ pub fn judge(run: &Run, ledger: &Ledger) -> Outcome {
         doubled_fenced: 0,
         unexplained_fenced: 0,
         refused: 0,
+        doubled_inbox: None,
         token_order: 0,
         two_holders: 0,
         recover_ms: None,
@@ -287,6 +296,39 @@ pub fn judge(run: &Run, ledger: &Ledger) -> Outcome {
     }
     o.recover_ms = recovery(ledger).map(|d| d.as_millis() as u64);
     o
+}
+
+/// Checks the transactional sink's committed effects (`rows`: effect rows
+/// per key): one for every message, none for a poison message, no other
+/// key. A key the sink saw applied but whose transaction never committed
+/// is lost, whatever the plain sink says.
+pub fn judge_inbox(o: &mut Outcome, run: &Run, rows: &HashMap<String, u64>) {
+    let mut doubled = 0;
+    for key in &run.keys {
+        let n = rows.get(key).copied().unwrap_or(0);
+        let poison = run.fault == Fault::Poison && Poison::of(key).is_some();
+        match (poison, n) {
+            (true, 0) | (false, 1) => {}
+            (true, n) => o.problem(format!("{key}: a poison message committed {n} effects")),
+            (false, 0) => {
+                o.lost += 1;
+                o.problem(format!(
+                    "{key}: no committed effect in the inbox's database"
+                ));
+            }
+            (false, n) => {
+                doubled += n - 1;
+                o.problem(format!(
+                    "{key}: {n} committed effects: the inbox let a second transaction through"
+                ));
+            }
+        }
+    }
+    let known: std::collections::HashSet<&str> = run.keys.iter().map(String::as_str).collect();
+    for key in rows.keys().filter(|k| !known.contains(k.as_str())) {
+        o.problem(format!("{key:?}: an effect for a key the run never sent"));
+    }
+    o.doubled_inbox = Some(doubled);
 }
 
 /// Checks the dead letters read back after a run of poison messages: every
@@ -471,7 +513,11 @@ mod tests {
     }
 
     fn judged(fault: Fault, keys: &[&str], ledger: &Ledger) -> Outcome {
-        let run = Run {
+        judge(&run_of(fault, keys), ledger)
+    }
+
+    fn run_of(fault: Fault, keys: &[&str]) -> Run {
+        Run {
             broker: Broker::RedisStreams,
             store: StoreKind::Redis,
             fault,
@@ -483,8 +529,7 @@ mod tests {
             forced_stops: 0,
             elapsed: ms(1000),
             command: String::new(),
-        };
-        judge(&run, ledger)
+        }
     }
 
     fn ledger(calls: &[(&str, Call)]) -> Ledger {
@@ -685,5 +730,64 @@ mod tests {
         let mut l = poison_ledger(3);
         l.keys.get_mut("k-5").expect("k-5")[0].effect = true;
         assert!(!dead_judged(&l, &["k-17", "k-5"]).passed());
+    }
+
+    fn inbox_judged(fault: Fault, keys: &[&str], rows: &[(&str, u64)]) -> Outcome {
+        let run = run_of(fault, keys);
+        let l = ledger(
+            &keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| (*k, call(1, i as u64 + 1, 0, 5, true)))
+                .collect::<Vec<_>>(),
+        );
+        let mut o = judge(&run, &l);
+        let rows = rows.iter().map(|(k, n)| (k.to_string(), *n)).collect();
+        judge_inbox(&mut o, &run, &rows);
+        o
+    }
+
+    #[test]
+    fn one_committed_effect_a_key_passes_the_inbox() {
+        let o = inbox_judged(Fault::DbCut, &["a", "b"], &[("a", 1), ("b", 1)]);
+        assert!(o.passed(), "{:?}", o.problems);
+        assert_eq!((o.lost, o.doubled_inbox), (0, Some(0)));
+    }
+
+    #[test]
+    fn a_second_committed_effect_fails_the_inbox_whatever_the_fault() {
+        let o = inbox_judged(Fault::KillAfterEffect, &["a", "b"], &[("a", 3), ("b", 1)]);
+        assert_eq!(o.doubled_inbox, Some(2));
+        assert!(!o.passed());
+    }
+
+    #[test]
+    fn an_effect_the_sink_saw_but_never_committed_is_lost() {
+        let o = inbox_judged(Fault::DbCut, &["a", "b"], &[("a", 1)]);
+        assert_eq!(o.lost, 1);
+        assert!(
+            o.problems.iter().any(|p| p.starts_with("b:")),
+            "{:?}",
+            o.problems
+        );
+    }
+
+    #[test]
+    fn the_inbox_holds_no_poison_and_no_stranger() {
+        // k-5 is refused, so it must commit nothing.
+        let o = inbox_judged(Fault::Poison, &["k-4", "k-5"], &[("k-4", 1), ("k-5", 1)]);
+        assert!(
+            o.problems
+                .iter()
+                .any(|p| p.contains("poison message committed")),
+            "{:?}",
+            o.problems
+        );
+        let o = inbox_judged(Fault::None, &["a"], &[("a", 1), ("z", 1)]);
+        assert!(
+            o.problems.iter().any(|p| p.contains("never sent")),
+            "{:?}",
+            o.problems
+        );
     }
 }

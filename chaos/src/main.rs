@@ -16,6 +16,7 @@ mod fault;
 mod fleet;
 mod gateway;
 mod history;
+mod inbox;
 mod report;
 mod scenario;
 mod serve;
@@ -301,18 +302,13 @@ fn short() -> Vec<Spec> {
         spec(RedisStreams, File, KillAfterEffect, n),
         spec(Amqp, Tiered, KillAfterEffect, n),
         spec(Amqp, Memory, Duplicates, n),
-        Spec {
-            runner: RunnerKind::Mixed,
-            ..spec(RedisStreams, Redis, KillAfterEffect, n)
-        },
-        Spec {
-            runner: RunnerKind::Library,
-            ..spec(Nats, Redis, Zombie, n)
-        },
-        Spec {
-            runner: RunnerKind::Mixed,
-            ..spec(Amqp, RedisAof, StoreSlow, n)
-        },
+        spec(RedisStreams, Redis, KillAfterEffect, n).by(RunnerKind::Mixed),
+        spec(Nats, Redis, Zombie, n).by(RunnerKind::Library),
+        spec(Amqp, RedisAof, StoreSlow, n).by(RunnerKind::Mixed),
+        spec(Amqp, Postgres, DbCut, n).by(RunnerKind::Inbox),
+        spec(RedisStreams, Postgres, KillAfterEffect, n).by(RunnerKind::Inbox),
+        spec(Nats, MariaDb, DbCut, n).by(RunnerKind::Inbox),
+        spec(Amqp, Postgres, Zombie, n).by(RunnerKind::Inbox),
         spec(Amqp, Postgres, StoreRestart, n),
         spec(Amqp, Postgres, DbCut, n),
         spec(Nats, MariaDb, DbCut, n),
@@ -329,10 +325,7 @@ fn short() -> Vec<Spec> {
         spec(Nats, Redis, Poison, n),
         spec(Kafka, Redis, Poison, n),
         spec(RocketMq, Redis, Poison, n),
-        Spec {
-            runner: RunnerKind::Library,
-            ..spec(Amqp, Redis, Poison, n)
-        },
+        spec(Amqp, Redis, Poison, n).by(RunnerKind::Library),
         spec(Proxy, Memory, ClientCuts, n),
         spec(Proxy, File, ProxyKill, n),
         spec(Proxy, Postgres, ProxyKill, n),

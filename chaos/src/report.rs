@@ -15,9 +15,9 @@ pub fn markdown(rows: &[Outcome], skipped: &[String], command: &str, machine: &s
     let _ = writeln!(s, "`{command}`, {machine}.\n");
     s.push_str(
         "| broker | store | fault | consumers | sent | duplicates sent | faults | effects | lost \
-         | dead letters | doubled, plain (unexplained) | doubled, fenced (unexplained) | stale writes refused | recovery ms | s \
-         | result |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: \
-         | ---: | ---: | ---: | --- |\n",
+         | dead letters | doubled, plain (unexplained) | doubled, fenced (unexplained) | stale writes refused \
+         | doubled, inbox | recovery ms | s | result |\n| --- | --- | --- | ---: | ---: | ---: | ---: \
+         | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
     );
     for o in rows {
         let figures: Vec<String> = o.figures().into_iter().map(|(_, v)| v).collect();

@@ -14,6 +14,7 @@ use crate::broker::{Broker, Channel};
 use crate::fault::{Fault, Plan, Poison};
 use crate::fleet::{Fleet, Procs};
 use crate::history::{self, Outcome, Run};
+use crate::inbox::Tables;
 use crate::sink::{Event, Sink};
 use crate::store::{Store, StoreKind};
 use crate::toxic::Toxic;
@@ -29,6 +30,11 @@ pub enum RunnerKind {
     /// The first consumer the library's, the others `idem consume`, on one
     /// store and one queue.
     Mixed,
+    /// `idem-chaos worker` with the transactional sink: each effect a row
+    /// written by the transaction that records the key in idem-sql's
+    /// inbox, on the SQL store's database (PostgreSQL, MariaDB), with the
+    /// sink called inside it.
+    Inbox,
 }
 
 impl RunnerKind {
@@ -37,6 +43,7 @@ impl RunnerKind {
             RunnerKind::Sidecar => "idem consume",
             RunnerKind::Library => "library runner",
             RunnerKind::Mixed => "library runner + idem consume",
+            RunnerKind::Inbox => "library runner, inbox",
         }
     }
 }
@@ -80,6 +87,11 @@ impl Spec {
         )
     }
 
+    /// This spec with `runner`'s consumers.
+    pub fn by(self, runner: RunnerKind) -> Self {
+        Self { runner, ..self }
+    }
+
     /// Why this spec cannot run, if it cannot.
     pub fn unfit(&self) -> Option<&'static str> {
         let http = matches!(self.broker, Broker::Proxy | Broker::Serve);
@@ -114,11 +126,17 @@ impl Spec {
             ) {
                 return Some("the library worker reads Redis Streams, RabbitMQ and NATS");
             }
-            if !matches!(
-                self.store,
-                StoreKind::Memory | StoreKind::Redis | StoreKind::RedisAof
-            ) {
-                return Some("the library worker runs on the memory and Redis stores");
+            let sql = matches!(self.store, StoreKind::Postgres | StoreKind::MariaDb);
+            if self.runner == RunnerKind::Inbox && !sql {
+                return Some("the inbox lives in the SQL store's database: PostgreSQL or MariaDB");
+            }
+            if !sql
+                && !matches!(
+                    self.store,
+                    StoreKind::Memory | StoreKind::Redis | StoreKind::RedisAof
+                )
+            {
+                return Some("the library worker runs on the memory, Redis and SQL stores");
             }
         }
         if self.broker == Broker::Kafka && self.fault == Fault::Zombie {
@@ -187,6 +205,15 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     at("starting the store");
     let mut store = Store::start(spec.store, &name, dir.path()).await?;
 
+    let inbox = if spec.runner == RunnerKind::Inbox {
+        at("creating the inbox tables");
+        let tables = Tables::open(store.url(), &inbox_table(&name), None).await?;
+        tables.create().await?;
+        Some(tables)
+    } else {
+        None
+    };
+
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let procs = Procs::default();
     let plan = Plan::new(spec.fault, spec.messages, spec.times);
@@ -205,7 +232,15 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     };
     let channel = Arc::new(channel);
 
-    let commands = commands(spec, idem, consumers, &channel.from, &store.args)?;
+    let inbox_name = inbox.as_ref().map(|_| inbox_table(&name));
+    let commands = commands(
+        spec,
+        idem,
+        consumers,
+        &channel.from,
+        &store.args,
+        inbox_name.as_deref(),
+    )?;
     let mut fleet = Fleet::new(commands, sink.url(), dir.path(), procs);
     at("starting the consumers");
     fleet.start().await?;
@@ -358,6 +393,16 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
         if !settled {
             continue;
         }
+        // A sink call whose transaction then failed is redelivered: wait
+        // until every key has its committed effect.
+        if let Some(tables) = &inbox
+            && tables
+                .effects()
+                .await
+                .map_or(true, |rows| rows.len() < keys.len() - poison.len())
+        {
+            continue;
+        }
         match after_copies {
             // Duplicates of completed messages: they must be acked
             // without a call.
@@ -392,6 +437,16 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     at("stopping the consumers");
     let forced_stops = fleet.stop(Duration::from_secs(15)).await;
     let ledger = sink.finish();
+    let committed = match &inbox {
+        Some(tables) => {
+            at("reading the effects table");
+            Some(tables.effects().await)
+        }
+        None => None,
+    };
+    if let Some(tables) = inbox {
+        tables.drop_all().await;
+    }
     at("stopping the store");
     store.stop().await;
     at("closing the broker's connection");
@@ -420,6 +475,11 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
         Some(Ok(dead)) => {
             history::judge_dead_letters(&mut outcome, &run.keys, &ledger, &dead, MAX_ATTEMPTS);
         }
+        Some(Err(e)) => outcome.problem(e),
+        None => {}
+    }
+    match committed {
+        Some(Ok(rows)) => history::judge_inbox(&mut outcome, &run, &rows),
         Some(Err(e)) => outcome.problem(e),
         None => {}
     }
@@ -492,6 +552,15 @@ fn unique(spec: &Spec) -> String {
     )
 }
 
+/// The inbox table of run `name` (`chaos_{fault}_{pid}_{nanos}`): short
+/// enough for the inbox's 40 characters with its effects table's suffix.
+fn inbox_table(name: &str) -> String {
+    let mut tail = name.rsplit('_');
+    let nanos = tail.next().unwrap_or_default();
+    let pid = tail.next().unwrap_or_default();
+    format!("inbox_{pid}_{nanos}")
+}
+
 /// The program and arguments of each consumer.
 fn commands(
     spec: &Spec,
@@ -499,6 +568,7 @@ fn commands(
     consumers: usize,
     from: &str,
     store: &[String],
+    inbox: Option<&str>,
 ) -> Result<Vec<(PathBuf, Vec<String>)>, String> {
     let sidecar = (idem.to_owned(), consumer_args(spec, from, store));
     let me = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
@@ -508,22 +578,23 @@ fn commands(
         .nth(1)
         .cloned()
         .unwrap_or_default();
-    let library = (
-        me,
-        [
-            "worker",
-            "--broker",
-            &spec.broker.to_string(),
-            "--from",
-            from,
-            "--store",
-            &url,
-            "--lease-ms",
-            &spec.lease.as_millis().to_string(),
-        ]
-        .map(String::from)
-        .to_vec(),
-    );
+    let mut worker: Vec<String> = [
+        "worker",
+        "--broker",
+        &spec.broker.to_string(),
+        "--from",
+        from,
+        "--store",
+        &url,
+        "--lease-ms",
+        &spec.lease.as_millis().to_string(),
+    ]
+    .map(String::from)
+    .to_vec();
+    if let Some(table) = inbox {
+        worker.extend(["--inbox".to_owned(), table.to_owned()]);
+    }
+    let library = (me, worker);
     Ok((0..consumers)
         .map(|slot| match spec.runner {
             // Static membership: a killed consumer's restart joins as the
@@ -533,7 +604,7 @@ fn commands(
                 (idem.to_owned(), consumer_args(spec, &from, store))
             }
             RunnerKind::Sidecar => sidecar.clone(),
-            RunnerKind::Library => library.clone(),
+            RunnerKind::Library | RunnerKind::Inbox => library.clone(),
             RunnerKind::Mixed if slot == 0 => library.clone(),
             RunnerKind::Mixed => sidecar.clone(),
         })

@@ -25,8 +25,17 @@ use crate::history::{self, Outcome};
 use crate::scenario::{Spec, at};
 use crate::store::{Store, free_port};
 
-/// Effects per key: when each was applied, with which token.
-type Effects = HashMap<String, Vec<(Duration, u64)>>;
+/// One effect: when its `begin` was sent, when it was applied, and with
+/// which token.
+#[derive(Clone, Copy)]
+struct Effect {
+    begun: Duration,
+    applied: Duration,
+    token: u64,
+}
+
+/// Effects per key, in the order applied.
+type Effects = HashMap<String, Vec<Effect>>;
 
 /// How one key's client ended: the outcome it was answered.
 type Answers = HashMap<String, String>;
@@ -126,24 +135,34 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
         }
         for pair in applied.windows(2) {
             o.doubled_plain += 1;
-            if pair[1].1 <= pair[0].1 {
+            let (first, again) = (pair[0], pair[1]);
+            if again.token <= first.token {
                 o.token_order += 1;
-                o.problem(format!("{key}: token {} after {}", pair[1].1, pair[0].1));
+                o.problem(format!(
+                    "{key}: token {} after {}",
+                    again.token, first.token
+                ));
             }
-            // A kill between the two explains it: the server died with the
-            // first holder's `complete` not stored.
-            if !kills.iter().any(|&k| k >= pair[0].0 && k <= pair[1].0) {
+            // A kill while the first claim was open explains it: the server
+            // died with the first holder's `complete` not stored (and the
+            // file store forgets open claims). The claim opens when the
+            // server takes the `begin`, which may be before the kill even
+            // when its answer arrives after.
+            if !kills
+                .iter()
+                .any(|&k| k >= first.begun && k <= again.applied)
+            {
                 o.unexplained += 1;
                 o.problem(format!(
                     "{key}: the effect ran again (token {} after {}) with no kill to explain it",
-                    pair[1].1, pair[0].1
+                    again.token, first.token
                 ));
             }
         }
         match answers.get(key) {
             None => o.problem(format!("{key}: no outcome within {:?}", spec.deadline)),
             Some(got) if applied.len() == 1 => {
-                let first = format!(r#"{{"effect":1,"token":{}}}"#, applied[0].1);
+                let first = format!(r#"{{"effect":1,"token":{}}}"#, applied[0].token);
                 if got.replace(' ', "") != first {
                     o.problem(format!(
                         "{key}: ended with {got}, not the first outcome {first}"
@@ -200,6 +219,7 @@ async fn one_key(
     let mut first_complete = true;
     while Instant::now() < deadline {
         let begin = format!(r#"{{"key":"{key}","lease_ms":{lease_ms}}}"#);
+        let begun = start.elapsed();
         let cut = calls.cut_first && std::mem::take(&mut first_begin);
         let Some((200, answer)) = calls.post("/v1/chaos/begin", begin, cut).await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -216,7 +236,11 @@ async fn one_key(
                 let outcome = {
                     let mut effects = effects.lock();
                     let applied = effects.entry(key.to_owned()).or_default();
-                    applied.push((start.elapsed(), token));
+                    applied.push(Effect {
+                        begun,
+                        applied: start.elapsed(),
+                        token,
+                    });
                     format!(r#"{{"effect":{},"token":{token}}}"#, applied.len())
                 };
                 // The same token's `complete` again until it lands or is

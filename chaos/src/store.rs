@@ -129,6 +129,15 @@ impl Store {
         })
     }
 
+    /// The store's URL (`--store`'s value; `tiered` for the tiered store).
+    pub fn url(&self) -> &str {
+        self.args
+            .iter()
+            .skip_while(|a| *a != "--store")
+            .nth(1)
+            .map_or("", String::as_str)
+    }
+
     /// Kills the store's server and starts it again on the same port and
     /// files, or restarts the system's SQL server; answers whether its
     /// records were lost (no persistence).

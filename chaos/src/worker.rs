@@ -1,7 +1,9 @@
 //! `idem-chaos worker`: a consumer process built on the library instead of
 //! `idem consume`: idem-consumer's `Runner` with a Rust handler, over the
 //! same source and store, calling the same sink. A run with `--runner
-//! library` (or `mixed`) starts these in place of (or beside) the sidecar.
+//! library` (or `mixed`) starts these in place of (or beside) the sidecar;
+//! `--runner inbox` starts them with the transactional sink
+//! ([`crate::inbox`]).
 
 use std::time::Duration;
 
@@ -14,6 +16,7 @@ use idem_core::{ClaimHandle, Guard, Lease, MemoryStore, Store};
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::Broker;
+use crate::inbox::Tables;
 
 /// What a worker runs: the same settings the sidecar gets.
 #[derive(Clone, Debug, clap::Args)]
@@ -24,9 +27,14 @@ pub struct WorkerArgs {
     /// The source URL, as `idem consume --from` takes it.
     #[arg(long)]
     pub from: String,
-    /// `memory://` or a `redis://` URL.
+    /// `memory://`, a `redis://`, `postgres://` or `mysql://` URL.
     #[arg(long)]
     pub store: String,
+    /// Writes each effect in a transaction of the SQL store's database
+    /// that records the key in this inbox table (and the effect in
+    /// `{TABLE}_fx`), calling the sink inside it.
+    #[arg(long, value_name = "TABLE")]
+    pub inbox: Option<String>,
     /// The lease each claim takes, in ms.
     #[arg(long)]
     pub lease_ms: u64,
@@ -39,6 +47,12 @@ pub struct WorkerArgs {
 pub async fn run(args: WorkerArgs) -> Result<(), String> {
     if args.store.starts_with("memory:") {
         return with_store(MemoryStore::new(), args).await;
+    }
+    if args.store.starts_with("postgres") || args.store.starts_with("mysql") {
+        let store = idem_sql::SqlStore::connect(&args.store)
+            .await
+            .map_err(|e| format!("the store: {e}"))?;
+        return with_store(store, args).await;
     }
     let store = idem_redis::RedisStore::connect(&args.store)
         .await
@@ -85,9 +99,32 @@ async fn consume<S: Store + Clone, Src: Source>(
 ) -> Result<(), String> {
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let to: http::Uri = args.to.parse().map_err(|e| format!("--to: {e}"))?;
+    let inbox = match &args.inbox {
+        // A stopped holder's open transaction ends after a lease.
+        Some(table) => Some(
+            Tables::open(
+                &args.store,
+                table,
+                Some(Duration::from_millis(args.lease_ms)),
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    let process = std::process::id();
     let handler = move |message: Message, claim: ClaimHandle| {
-        let (client, to) = (client.clone(), to.clone());
-        async move { call(&client, to, message, claim).await }
+        let (client, to, inbox) = (client.clone(), to.clone(), inbox.clone());
+        async move {
+            let Some(inbox) = inbox else {
+                return call(&client, to, message, claim).await;
+            };
+            let key =
+                String::from_utf8_lossy(message.key.as_deref().unwrap_or_default()).into_owned();
+            let token = claim.token().map_or(0, |t| t.get());
+            inbox
+                .handle(&key, token, process, call(&client, to, message, claim))
+                .await
+        }
     };
     // The sidecar's settings in the runs (scenario::consumer_args).
     let runner = Runner::new(guard, source, handler)

@@ -62,6 +62,17 @@ pub const DEFAULT_SWEEP_BATCH: u32 = 1000;
 /// # Ok(()) }
 /// ```
 ///
+/// A claim holds the key's row locked until its transaction ends, and a
+/// redelivery's claim waits on that lock: a holder that stops inside its
+/// transaction (a paused VM, a process stopped, a handler stuck on a
+/// remote call) holds up its message's redelivery for as long as its
+/// session lives. Let the server end such sessions — PostgreSQL's
+/// `idle_in_transaction_session_timeout`, MariaDB's
+/// `idle_transaction_timeout`, set on the pool's connections to about the
+/// guard's lease — and the stopped holder's commit fails when it wakes,
+/// while the redelivery claims the key. `idem-chaos --runner inbox --fault
+/// zombie` runs exactly that.
+///
 /// Rows are kept until [`sweep`](Inbox::sweep) deletes them: a duplicate
 /// that arrives after its key was swept is no longer caught, so keep them
 /// longer than the broker can redeliver.
