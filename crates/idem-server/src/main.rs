@@ -6,11 +6,14 @@
 //!   HTTP service.
 //! - `idem consume --from SOURCE_URL --to URL`: the sidecar that feeds any
 //!   HTTP handler from a broker, effectively once.
+//! - `idem inspect NS KEY`, `idem ls NS`, `idem release NS KEY --force`:
+//!   looking inside a store and the operator's override.
 //! - `idem migrate --store URL`, `idem sweep --store URL`: upkeep of an SQL
 //!   store's tables.
 
 mod config;
 mod consume;
+mod ops;
 mod proxy;
 mod serve;
 mod store_url;
@@ -42,6 +45,14 @@ enum Command {
     Proxy(proxy::ProxyArgs),
     /// Feed messages from a broker to an HTTP handler, effectively once.
     Consume(consume::ConsumeArgs),
+    /// Show one record: state, token, attempts, lease left, outcome.
+    Inspect(ops::InspectArgs),
+    /// List a namespace's records, e.g. stuck ones: `--state in-progress
+    /// --older-than 10m`.
+    Ls(ops::LsArgs),
+    /// Take a live claim from a holder known to be gone (`--force`): the
+    /// next delivery runs the work again.
+    Release(ops::ReleaseArgs),
     /// Bring an SQL store's tables up to the schema this idem needs.
     #[cfg(feature = "sql")]
     Migrate(upkeep::MigrateArgs),
@@ -67,6 +78,9 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve::run(args).await,
             Command::Proxy(args) => proxy::run(args).await,
             Command::Consume(args) => consume::run(args).await,
+            Command::Inspect(args) => ops::inspect(args).await,
+            Command::Ls(args) => ops::ls(args).await,
+            Command::Release(args) => ops::release(args).await,
             #[cfg(feature = "sql")]
             Command::Migrate(args) => upkeep::migrate(args).await,
             #[cfg(feature = "sql")]

@@ -127,3 +127,22 @@ async fn a_journal_cut_on_recovery_is_reported_as_serve_starts() {
     let now = std::fs::metadata(&path).unwrap().len();
     assert!(now < len, "the journal was cut ({len} → {now} bytes)");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_restart_reports_no_cut() {
+    // The engine sets journal space aside as zeros and cuts it off when it
+    // opens again: that is no loss, and nothing must call it one.
+    let dir = tempfile::tempdir().unwrap();
+    filled(dir.path()).await;
+    for _ in 0..2 {
+        let (code, stderr) = serve_briefly(dir.path(), Duration::from_secs(3)).await;
+        assert_eq!(code, None, "{stderr}");
+        assert!(!stderr.contains("off the end of its journal"), "{stderr}");
+    }
+    let store = format!("file://{}", dir.path().display());
+    let idem = start(&["serve", "--store", &store], &[]).await;
+    let replay = post(&idem.url("/v1/orders/begin"), json!({"key": "k9"}))
+        .await
+        .json();
+    assert_eq!(replay["outcome"]["receipt"], "receipt-9");
+}

@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::json;
-use support::{post, run, start};
+use support::{post, run, start, unique};
 
 fn databases() -> [(&'static str, String); 2] {
     [
@@ -38,14 +38,6 @@ fn reachable(service: &str, url: &str) -> bool {
         &[],
     );
     code == 0 || idem_testkit::services::absent::<()>(service, url, err).is_some()
-}
-
-fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{name}-{}-{nanos}", std::process::id())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -207,3 +207,13 @@ pub async fn serve_on_redis(name: &str) -> Option<(Process, String)> {
     let idem = start(&["serve", "--store", &url], &[]).await;
     Some((idem, format!("{name}-{}-{now}", std::process::id())))
 }
+
+/// `prefix` made unique to this run: records outlive a test in the shared
+/// services.
+pub fn unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{prefix}-{}-{nanos}", std::process::id())
+}

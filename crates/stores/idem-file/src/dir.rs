@@ -43,8 +43,9 @@ pub fn sync_tree(path: &Path) -> io::Result<()> {
     File::open(path)?.sync_all()
 }
 
-/// The engine's journal files in `path` (`N.jnl`) and their sizes: compared
-/// after the engine opened, they show what its recovery cut off.
+/// The engine's journal files in `path` (`N.jnl`) and where their data
+/// ends: compared with their lengths after the engine opened, they show
+/// what its recovery cut off.
 pub fn journal_sizes(path: &Path) -> Vec<(std::path::PathBuf, u64)> {
     let Ok(entries) = std::fs::read_dir(path) else {
         return Vec::new();
@@ -53,6 +54,28 @@ pub fn journal_sizes(path: &Path) -> Vec<(std::path::PathBuf, u64)> {
         .filter_map(Result::ok)
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|e| e == "jnl"))
-        .filter_map(|p| Some((p.clone(), std::fs::metadata(&p).ok()?.len())))
+        .filter_map(|p| Some((p.clone(), data_end(&p).ok()?)))
         .collect()
+}
+
+/// Where a journal's data ends: its length less the zeros at its end. The
+/// engine sets a journal's space aside in advance, as zeros, and cuts them
+/// off when it recovers; only a cut into what was written is a loss.
+fn data_end(path: &Path) -> std::io::Result<u64> {
+    use std::io::{Read, Seek, SeekFrom};
+    const CHUNK: u64 = 1024 * 1024;
+    let mut file = std::fs::File::open(path)?;
+    let mut end = file.metadata()?.len();
+    let mut buf = vec![0u8; CHUNK as usize];
+    while end > 0 {
+        let start = end.saturating_sub(CHUNK);
+        let chunk = &mut buf[..(end - start) as usize];
+        file.seek(SeekFrom::Start(start))?;
+        file.read_exact(chunk)?;
+        if let Some(last) = chunk.iter().rposition(|&b| b != 0) {
+            return Ok(start + last as u64 + 1);
+        }
+        end = start;
+    }
+    Ok(0)
 }
