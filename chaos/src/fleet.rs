@@ -40,14 +40,18 @@ impl Procs {
             .flatten()
     }
 
-    /// Forgets incarnation `process` as `slot`'s running one.
-    pub fn clear(&self, slot: usize, process: u32) {
+    /// The pid of incarnation `process` if it is the one running in `slot`,
+    /// which it no longer is: one check and one change under one lock, so
+    /// that of two calls killing the same process at once only one kills it
+    /// (and has its slot restarted).
+    pub fn take(&self, slot: usize, process: u32) -> Option<u32> {
         let mut t = self.0.lock();
-        if let Some(p) = t.running.get_mut(slot)
-            && *p == Some(process)
-        {
-            *p = None;
+        let running = t.running.get_mut(slot)?;
+        if *running != Some(process) {
+            return None;
         }
+        *running = None;
+        t.pids.get(&process).copied()
     }
 
     /// No process runs in `slot`.
@@ -115,8 +119,15 @@ impl Fleet {
 
     /// Starts slot `slot` again after its process was killed.
     pub async fn restart(&mut self, slot: usize) -> Result<(), String> {
-        if let Some(mut old) = self.children[slot].take() {
-            let _ = old.wait().await;
+        if let Some(mut old) = self.children[slot].take()
+            && tokio::time::timeout(Duration::from_secs(10), old.wait())
+                .await
+                .is_err()
+        {
+            let _ = old.kill().await;
+            return Err(format!(
+                "consumer {slot} was to be restarted after a kill, but its process was still running 10 s later"
+            ));
         }
         self.spawn(slot, false).await
     }
@@ -183,5 +194,20 @@ impl Fleet {
             self.procs.forget(slot);
         }
         forced
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Procs;
+
+    #[test]
+    fn of_two_kills_of_one_process_only_the_first_finds_it() {
+        let procs = Procs::default();
+        let process = procs.next();
+        procs.started(0, process, Some(4242));
+        assert_eq!(procs.take(0, process), Some(4242));
+        assert_eq!(procs.take(0, process), None);
+        assert_eq!(procs.running(0, process), None);
     }
 }

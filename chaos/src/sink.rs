@@ -146,10 +146,9 @@ impl Shared {
     /// SIGKILLs `process` of consumer `slot` and has the slot restarted
     /// (once: a second kill of a dead process only closes its calls).
     fn kill(&self, slot: usize, process: u32) {
-        let pid = self.procs.running(slot, process);
+        let pid = self.procs.take(slot, process);
         if let Some(pid) = pid {
             signal(pid, libc::SIGKILL);
-            self.procs.clear(slot, process);
         }
         self.ledger.lock().killed(process, self.now());
         if pid.is_some() {
