@@ -1,0 +1,3 @@
+module idem.example/callers
+
+go 1.19
