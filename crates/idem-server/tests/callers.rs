@@ -134,7 +134,7 @@ async fn each_languages_handler_gets_every_message_once_from_idem_consume() {
     for lang in langs() {
         let dir = tempfile::tempdir().unwrap();
         let effects = dir.path().join("effects.jsonl");
-        let port = free_port();
+        let port = support::consume::free_port();
         let mut handler = command(&lang, &lang.handler, &[&port.to_string()])
             .arg(&effects)
             .stdout(Stdio::piped())
@@ -218,12 +218,4 @@ async fn wait_for(path: &Path, want: usize, within: Duration) -> HashMap<String,
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }

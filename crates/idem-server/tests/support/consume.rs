@@ -687,7 +687,7 @@ pub async fn handler_answers(broker: impl Broker) {
     );
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
