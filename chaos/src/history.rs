@@ -302,7 +302,7 @@ pub fn judge(run: &Run, ledger: &Ledger) -> Outcome {
 /// per key): one for every message, none for a poison message, no other
 /// key. A key the sink saw applied but whose transaction never committed
 /// is lost, whatever the plain sink says.
-pub fn judge_inbox(o: &mut Outcome, run: &Run, rows: &HashMap<String, u64>) {
+pub fn judge_inbox(o: &mut Outcome, run: &Run, ledger: &Ledger, rows: &HashMap<String, u64>) {
     let mut doubled = 0;
     for key in &run.keys {
         let n = rows.get(key).copied().unwrap_or(0);
@@ -311,7 +311,14 @@ pub fn judge_inbox(o: &mut Outcome, run: &Run, rows: &HashMap<String, u64>) {
             (true, 0) | (false, 1) => {}
             (true, n) => o.problem(format!("{key}: a poison message committed {n} effects")),
             (false, 0) => {
-                o.lost += 1;
+                // A key the sink never applied is counted lost already.
+                if ledger
+                    .keys
+                    .get(key)
+                    .is_some_and(|calls| calls.iter().any(|c| c.effect))
+                {
+                    o.lost += 1;
+                }
                 o.problem(format!(
                     "{key}: no committed effect in the inbox's database"
                 ));
@@ -438,14 +445,16 @@ fn explained_fenced(
 }
 
 /// Whether a link was disrupted while `earlier`'s claim was live: from its
-/// call to a lease after it ended (its `complete`, its renewals), and
-/// before `to`.
+/// `begin` (up to [`BEGIN_TO_CALL`] before its call: a transaction opened
+/// there may already have lost its session) to a lease after the call
+/// ended (its `complete`, its renewals), and before `to`.
 fn disrupted(ledger: &Ledger, lease: Duration, earlier: &Call, to: Duration) -> bool {
     let live_until = earlier.ended.unwrap_or(to) + lease;
+    let begun = earlier.arrived.saturating_sub(BEGIN_TO_CALL);
     ledger
         .disruptions
         .iter()
-        .any(|&(start, end)| start <= live_until.min(to) && end >= earlier.arrived)
+        .any(|&(start, end)| start <= live_until.min(to) && end >= begun)
 }
 
 /// Whether `b` was called while `a`'s holder certainly still held the key:
@@ -583,6 +592,25 @@ mod tests {
         assert_eq!((o.doubled_plain, o.unexplained), (1, 0));
         assert_eq!((o.doubled_fenced, o.unexplained_fenced), (1, 0));
         assert!(o.passed(), "{:?}", o.problems);
+    }
+
+    #[test]
+    fn a_cut_between_begin_and_the_call_explains_a_double_and_one_before_does_not() {
+        let calls = [
+            ("a", call(1, 10, 5000, 5005, true)),
+            ("a", call(2, 20, 5300, 5305, true)),
+        ];
+        // The session ended 100 ms before the call: inside the claim, whose
+        // transaction was already open.
+        let mut l = ledger(&calls);
+        l.disruptions.push((ms(4900), ms(4900)));
+        let o = judged(Fault::DbCut, &["a"], &l);
+        assert_eq!((o.doubled_plain, o.unexplained), (1, 0), "{:?}", o.problems);
+        // A second before the call: before the claim began.
+        let mut l = ledger(&calls);
+        l.disruptions.push((ms(4000), ms(4000)));
+        let o = judged(Fault::DbCut, &["a"], &l);
+        assert_eq!((o.doubled_plain, o.unexplained), (1, 1));
     }
 
     #[test]
@@ -743,7 +771,7 @@ mod tests {
         );
         let mut o = judge(&run, &l);
         let rows = rows.iter().map(|(k, n)| (k.to_string(), *n)).collect();
-        judge_inbox(&mut o, &run, &rows);
+        judge_inbox(&mut o, &run, &l, &rows);
         o
     }
 

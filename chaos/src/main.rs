@@ -105,6 +105,13 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::Worker(args) = cli.command {
+        // Warnings (a failed handler, a lost lease, a store error) go to
+        // the consumer's log, which a failed run keeps.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .try_init();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()

@@ -479,7 +479,7 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
         None => {}
     }
     match committed {
-        Some(Ok(rows)) => history::judge_inbox(&mut outcome, &run, &rows),
+        Some(Ok(rows)) => history::judge_inbox(&mut outcome, &run, &ledger, &rows),
         Some(Err(e)) => outcome.problem(e),
         None => {}
     }

@@ -581,9 +581,12 @@ pub(crate) fn fault(e: &sqlx::Error) -> Fault {
                 "42P01" | "42S02" => Fault::MissingTable,
                 "42703" | "42S22" => Fault::MissingColumn,
                 // Serialization failure / deadlock (both), PostgreSQL's
-                // deadlock, lock not available, and connection, resource
-                // and shutdown classes.
-                "40001" | "40P01" | "55P03" => Fault::Transient,
+                // deadlock, lock not available, a session the server ended
+                // for idling inside its transaction
+                // (`idle_in_transaction_session_timeout`: the holder was
+                // paused; a new transaction goes on), and connection,
+                // resource and shutdown classes.
+                "40001" | "40P01" | "55P03" | "25P03" => Fault::Transient,
                 s if s.starts_with("08") || s.starts_with("53") || s.starts_with("57P") => {
                     Fault::Transient
                 }

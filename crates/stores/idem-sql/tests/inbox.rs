@@ -522,3 +522,89 @@ where
     assert_eq!(s.counts(&mut *conn).await, (0, 0));
     s.drop_tables(&mut *conn).await;
 }
+
+on_both!(
+    a_session_the_server_ended_for_idling_in_its_transaction_is_retried,
+    2
+);
+/// A holder paused inside its transaction past the server's idle timeout
+/// (PostgreSQL's `idle_in_transaction_session_timeout`, MariaDB's
+/// `idle_transaction_timeout`, as the inbox's documentation advises) finds
+/// its session ended when it wakes: a failure to retry with a new
+/// transaction, never one that refuses the message for good.
+async fn a_session_the_server_ended_for_idling_in_its_transaction_is_retried<DB>(pool: Pool<DB>)
+where
+    DB: Database,
+    DB::Connection: Sql,
+{
+    let s = Setup::new(&pool, "ib_idle").await;
+    let mut conn = pool.acquire().await.unwrap();
+    let (set, pause) = match conn.dialect() {
+        Dialect::Postgres => (
+            "SET idle_in_transaction_session_timeout = 200",
+            Duration::from_millis(600),
+        ),
+        // MariaDB counts whole seconds.
+        Dialect::MySql => (
+            "SET SESSION idle_transaction_timeout = 1",
+            Duration::from_millis(2500),
+        ),
+    };
+    conn.run(set).await;
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    tx.run(&s.write("m-1")).await;
+    tokio::time::sleep(pause).await;
+    let e = s.inbox.claim(&mut *tx, &key("m-1")).await.unwrap_err();
+    assert!(e.is_transient(), "an ended session is retried: {e}");
+    drop(tx);
+    drop(conn);
+
+    // The retry, in a new transaction, records the key.
+    let mut tx = pool.begin().await.unwrap();
+    assert_eq!(
+        s.inbox.claim(&mut *tx, &key("m-1")).await.unwrap(),
+        Claimed::New
+    );
+    tx.commit().await.unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    s.drop_tables(&mut *conn).await;
+}
+
+on_both!(
+    a_session_an_administrator_ended_mid_transaction_is_retried,
+    3
+);
+/// `pg_terminate_backend` or `KILL CONNECTION` while a holder's transaction
+/// is open: its next claim fails as a failure to retry.
+async fn a_session_an_administrator_ended_mid_transaction_is_retried<DB>(pool: Pool<DB>)
+where
+    DB: Database,
+    DB::Connection: Sql,
+{
+    let s = Setup::new(&pool, "ib_killed").await;
+    let mut conn = pool.acquire().await.unwrap();
+    let dialect = conn.dialect();
+    let id = match dialect {
+        Dialect::Postgres => conn.count("SELECT pg_backend_pid()::int8").await,
+        Dialect::MySql => conn.count("SELECT CAST(CONNECTION_ID() AS SIGNED)").await,
+    };
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    tx.run(&s.write("m-1")).await;
+    let mut admin = pool.acquire().await.unwrap();
+    match dialect {
+        Dialect::Postgres => {
+            admin
+                .count(&format!("SELECT COUNT(pg_terminate_backend({id}))"))
+                .await;
+        }
+        Dialect::MySql => {
+            admin.run(&format!("KILL CONNECTION {id}")).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let e = s.inbox.claim(&mut *tx, &key("m-1")).await.unwrap_err();
+    assert!(e.is_transient(), "an ended session is retried: {e}");
+    drop(tx);
+    drop(conn);
+    s.drop_tables(&mut *admin).await;
+}
