@@ -160,6 +160,10 @@ impl fmt::Display for Broker {
 pub struct Channel {
     /// `idem consume --from` for it.
     pub from: String,
+    /// RabbitMQ: the server and the queues the run made, deleted by
+    /// [`Channel::close`] (a broker restart recovers every queue it has,
+    /// and each run makes nineteen).
+    queues: Option<(String, Vec<String>)>,
     /// The URL idem's own source reads the consumers' dead letters with.
     dead_letters: String,
     producer: Producer,
@@ -213,6 +217,7 @@ impl Channel {
                 Ok(Self {
                     dead_letters: format!("{base}?queue={}", config.dead_letter_queue()),
                     from,
+                    queues: Some((base, config.queues())),
                     producer: Producer::Amqp(publisher),
                 })
             }
@@ -238,6 +243,7 @@ impl Channel {
                 Ok(Self {
                     dead_letters: format!("{server}?stream={dead}&consumer=reader"),
                     from,
+                    queues: None,
                     producer: Producer::Nats(publisher, format!("{subject}.new")),
                 })
             }
@@ -255,6 +261,7 @@ impl Channel {
                 Ok(Self {
                     dead_letters: format!("{redis}?stream={name}.dead-letter&group=reader"),
                     from,
+                    queues: None,
                     producer: Producer::RedisStreams(publisher),
                 })
             }
@@ -288,6 +295,7 @@ impl Channel {
                         "kafka://{brokers}?topic={name}-dlt&group={name}_reader&partitions=4"
                     ),
                     from,
+                    queues: None,
                     producer: Producer::Kafka(publisher, name.to_owned()),
                 })
             }
@@ -309,6 +317,7 @@ impl Channel {
                 Ok(Self {
                     from: format!("{base}?topic={name}&group={name}_group&dead_letter={dead}"),
                     dead_letters: format!("{base}?topic={dead}&group={name}_reader"),
+                    queues: None,
                     producer: Producer::RocketMq(publisher, name.to_owned()),
                 })
             }
@@ -416,7 +425,29 @@ impl Channel {
         if let Producer::RocketMq(p, _) = self.producer {
             p.shutdown().await;
         }
+        if let Some((url, queues)) = self.queues {
+            delete_queues(&url, &queues).await;
+        }
     }
+}
+
+/// Deletes `queues` on the RabbitMQ at `url`, as far as it can: a queue
+/// left behind costs only time at the broker's next restart.
+async fn delete_queues(url: &str, queues: &[String]) {
+    use lapin::options::QueueDeleteOptions;
+    let Ok(connection) =
+        lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await
+    else {
+        return;
+    };
+    if let Ok(channel) = connection.create_channel().await {
+        for q in queues {
+            let _ = channel
+                .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                .await;
+        }
+    }
+    let _ = connection.close(0, "done".into()).await;
 }
 
 /// Reads every message `source` has (see [`Channel::dead_letters`]),
