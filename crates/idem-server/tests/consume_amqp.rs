@@ -12,7 +12,8 @@ use idem_consumer::Message;
 use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ConnectionProperties};
-use support::consume::{self, Broker, unique};
+use support::consume::{self, Broker};
+use support::unique;
 
 const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 

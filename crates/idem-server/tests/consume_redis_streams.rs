@@ -26,7 +26,7 @@ struct RedisStreams {
 impl RedisStreams {
     async fn new() -> Option<Self> {
         let server = support::redis().await?;
-        let stream = consume::unique("idem-consume-streams");
+        let stream = support::unique("idem-consume-streams");
         let client = redis::Client::open(server.as_str()).unwrap();
         let conn = client.get_multiplexed_async_connection().await.unwrap();
         let config =

@@ -694,12 +694,3 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
-
-/// A name no earlier run used (queues and streams outlive a test).
-pub fn unique(prefix: &str) -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{prefix}-{}-{now}", std::process::id())
-}
