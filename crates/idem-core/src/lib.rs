@@ -8,6 +8,7 @@
 //! token. `docs/design.md` in the repository explains the whole contract.
 #![deny(missing_docs)]
 
+pub mod admin;
 pub mod coalesce;
 mod error;
 mod fingerprint;

@@ -6,8 +6,9 @@
 //!   HTTP service.
 //! - `idem consume --from SOURCE_URL --to URL`: the sidecar that feeds any
 //!   HTTP handler from a broker, effectively once.
-//! - `idem inspect NS KEY`, `idem ls NS`, `idem release NS KEY --force`:
-//!   looking inside a store and the operator's override.
+//! - `idem inspect NS KEY`, `idem ls NS`, `idem release NS KEY --force`,
+//!   `idem stats [NS]`, `idem purge NS --expired | --all --yes`: looking
+//!   inside a store, and the operator's overrides.
 //! - `idem migrate --store URL`, `idem sweep --store URL`: upkeep of an SQL
 //!   store's tables.
 
@@ -53,6 +54,12 @@ enum Command {
     /// Take a live claim from a holder known to be gone (`--force`): the
     /// next delivery runs the work again.
     Release(ops::ReleaseArgs),
+    /// Count a namespace's records (or every namespace's) by state, with
+    /// the oldest claim in progress and the store's size.
+    Stats(ops::counts::StatsArgs),
+    /// Remove a namespace's expired records (`--expired`), or all of them
+    /// (`--all --yes`).
+    Purge(ops::counts::PurgeArgs),
     /// Bring an SQL store's tables up to the schema this idem needs.
     #[cfg(feature = "sql")]
     Migrate(upkeep::MigrateArgs),
@@ -81,6 +88,8 @@ fn main() -> ExitCode {
             Command::Inspect(args) => ops::inspect(args).await,
             Command::Ls(args) => ops::ls(args).await,
             Command::Release(args) => ops::release(args).await,
+            Command::Stats(args) => ops::counts::stats(args).await,
+            Command::Purge(args) => ops::counts::purge(args).await,
             #[cfg(feature = "sql")]
             Command::Migrate(args) => upkeep::migrate(args).await,
             #[cfg(feature = "sql")]

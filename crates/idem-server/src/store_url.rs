@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
+use idem_core::admin::Admin;
 use idem_core::{MemoryStore, SharedStore};
 use idem_file::{Durability, FileStore};
 
@@ -14,6 +15,9 @@ pub struct OpenStore {
     pub store: SharedStore,
     pub file: Option<FileStore>,
     pub description: String,
+    /// The operator's view of the store (`idem stats`, `idem purge`), where
+    /// it has one.
+    pub admin: Option<Arc<dyn Admin>>,
     /// What else must finish first (a tiered store's write-behind queue and
     /// key filter snapshot).
     pub shutdown: Option<BoxFuture<'static, ()>>,
@@ -58,6 +62,7 @@ pub async fn open(common: &StoreSettings) -> Result<OpenStore, Failure> {
         let store = open_file(path, common)?;
         return Ok(OpenStore {
             store: Arc::new(store.clone()),
+            admin: Some(Arc::new(store.clone())),
             file: Some(store),
             description: format!("file store in {path}"),
             shutdown: None,
@@ -66,6 +71,7 @@ pub async fn open(common: &StoreSettings) -> Result<OpenStore, Failure> {
     if url == "memory://" || url == "memory:" {
         return Ok(OpenStore {
             store: Arc::new(MemoryStore::builder().limits(common.limits.clone()).build()),
+            admin: None,
             file: None,
             description: "memory store (records are lost when the process ends)".into(),
             shutdown: None,
@@ -80,6 +86,7 @@ pub async fn open(common: &StoreSettings) -> Result<OpenStore, Failure> {
         let store = open_sql(url, common, |b| b).await?;
         return Ok(OpenStore {
             description: store.description().to_owned(),
+            admin: Some(Arc::new(store.clone())),
             store: Arc::new(store),
             file: None,
             shutdown: None,
@@ -118,6 +125,7 @@ async fn open_redis(url: &str, common: &StoreSettings) -> Result<Option<OpenStor
     Ok(connect_redis(url, common)
         .await?
         .map(|(store, description)| OpenStore {
+            admin: Some(Arc::new(store.clone())),
             store: Arc::new(store),
             file: None,
             description,

@@ -122,6 +122,7 @@ async fn assemble<H: Tier + Clone, C: Tier + Clone>(
                 .map_or("off".to_owned(), |n| format!("for {n} keys")),
         ),
         store: Arc::new(store),
+        admin: None,
         file: None,
         shutdown: Some(shutdown.boxed()),
     })

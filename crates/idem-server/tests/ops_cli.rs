@@ -1,5 +1,5 @@
-//! `idem inspect`, `idem ls` and `idem release --force` as an operator runs
-//! them, against the file store, Redis and PostgreSQL: records written
+//! `idem inspect`, `idem ls`, `idem release --force`, `idem stats` and
+//! `idem purge` as an operator runs them, against the file store, Redis and PostgreSQL: records written
 //! through the library, read back through the binary.
 
 mod support;
@@ -157,6 +157,61 @@ fn check_in_progress(url: &str, setup: &Setup) -> FencingToken {
     setup.live
 }
 
+/// `idem stats` counts what `populate` wrote (`abandoned` claims: those
+/// the store still holds), and `idem purge` removes it.
+fn check_stats_and_purge(url: &str, setup: &Setup, abandoned: u64) {
+    let ns = setup.ns.as_str();
+    let (code, out, err) = idem(&["stats", ns, "--json"], url);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let counts = &v["namespaces"][0];
+    assert_eq!(counts["namespace"], ns);
+    assert_eq!(counts["in_progress"], 0, "{out}");
+    assert_eq!(counts["abandoned"], abandoned, "{out}");
+    assert_eq!(counts["completed"], 2, "{out}");
+    assert_eq!(
+        counts["oldest_in_progress_ms"].is_u64(),
+        abandoned > 0,
+        "{out}"
+    );
+    assert!(v["size_bytes"].as_u64().unwrap() > 0, "{out}");
+
+    // Every namespace, as a table.
+    let (code, out, err) = idem(&["stats"], url);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("NAMESPACE"), "{out}");
+    assert!(out.lines().any(|l| l.starts_with(ns)), "{out}");
+    assert!(out.contains("size: "), "{out}");
+
+    let (code, _, err) = idem(&["purge", ns, "--all"], url);
+    assert_eq!(code, 2, "--all without --yes");
+    assert!(err.contains("--yes"), "{err}");
+    let (code, _, err) = idem(&["purge", ns], url);
+    assert_eq!(code, 2, "neither --expired nor --all");
+    assert!(err.contains("--expired"), "{err}");
+
+    let (code, out, err) = idem(&["purge", ns, "--expired", "--json"], url);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["removed"], 0, "nothing has expired: {out}");
+    let (_, out, _) = idem(&["stats", ns, "--json"], url);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["namespaces"][0]["completed"], 2, "{out}");
+
+    let (code, out, err) = idem(&["purge", ns, "--all", "--yes"], url);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("removed"), "{out}");
+    assert!(err.contains("purged by an operator"), "logged: {err}");
+    let (_, out, _) = idem(&["ls", ns], url);
+    assert!(out.contains("(no records)"), "{out}");
+    let (_, out, _) = idem(&["stats", ns, "--json"], url);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let counts = &v["namespaces"][0];
+    for state in ["in_progress", "abandoned", "completed", "expired"] {
+        assert_eq!(counts[state], 0, "{state}: {out}");
+    }
+}
+
 /// After the release, the key runs again with a higher token.
 async fn runs_again(store: &SharedStore, setup: &Setup, overridden: FencingToken) {
     let key = Key::new(&setup.ns, "live").unwrap();
@@ -185,6 +240,7 @@ async fn the_commands_read_and_release_on_the_file_store() {
     // The claims in progress ended with the process that took them.
     let (_, out, _) = idem(&["ls", &setup.ns, "--state", "in-progress"], &url);
     assert!(out.contains("(no records)"), "{out}");
+    check_stats_and_purge(&url, &setup, 0);
     runs_again(&open(), &setup, setup.live).await;
 }
 
@@ -198,6 +254,7 @@ async fn the_commands_read_and_release_on_redis() {
     let setup = populate(&store).await;
     check_completed(&url, &setup);
     let overridden = check_in_progress(&url, &setup);
+    check_stats_and_purge(&url, &setup, 1);
     runs_again(&store, &setup, overridden).await;
 }
 
@@ -219,6 +276,7 @@ async fn the_commands_read_and_release_on_postgres() {
     let setup = populate(&store).await;
     check_completed(&url, &setup);
     let overridden = check_in_progress(&url, &setup);
+    check_stats_and_purge(&url, &setup, 1);
     runs_again(&store, &setup, overridden).await;
 }
 

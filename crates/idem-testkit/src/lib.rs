@@ -16,6 +16,7 @@
 //! manual clock, with every duration scaled to a short unit.
 #![deny(missing_docs)]
 
+pub mod admin;
 pub mod cancel;
 pub mod cases;
 pub mod faults;

@@ -14,10 +14,11 @@ use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 
 use fjall::{Database, Keyspace, PersistMode, Slice};
+use idem_core::Timestamp;
 use tokio::sync::oneshot;
 
 use crate::claims::Claims;
-use crate::codec::{decode_completed, split_expiry_key};
+use crate::codec::{decode_completed, expiry_key, split_expiry_key};
 use crate::tokens::HIGH_WATER;
 
 /// How an acknowledged `complete` is made durable.
@@ -68,6 +69,14 @@ pub enum Job {
         due: Vec<Slice>,
         done: std::sync::mpsc::SyncSender<Result<usize, String>>,
     },
+    /// Delete these records (encoded keys) and their expiry index entries:
+    /// every one, or with `expired_by` only those whose retention ended by
+    /// then. An operator's purge.
+    Purge {
+        keys: Vec<Slice>,
+        expired_by: Option<Timestamp>,
+        done: std::sync::mpsc::SyncSender<Result<usize, String>>,
+    },
 }
 
 /// One caller's puts and where its answer goes.
@@ -107,6 +116,15 @@ pub fn spawn(mut engine: Engine) -> std::io::Result<(mpsc::Sender<Job>, JoinHand
                     } => (puts, high_water, done),
                     Job::Sweep { due, done } => {
                         let _ = done.send(engine.sweep(&due).map_err(|e| e.to_string()));
+                        continue;
+                    }
+                    Job::Purge {
+                        keys,
+                        expired_by,
+                        done,
+                    } => {
+                        let removed = engine.purge(&keys, expired_by);
+                        let _ = done.send(removed.map_err(|e| e.to_string()));
                         continue;
                     }
                 };
@@ -174,6 +192,32 @@ impl Engine {
             self.high_water = t;
         }
         Ok(())
+    }
+
+    /// Deletes the records `keys` names (with `expired_by`, only those
+    /// expired by then) and their expiry index entries; returns how many
+    /// went. Synced like a write: a purge an operator was told is done
+    /// stays done.
+    fn purge(&self, keys: &[Slice], expired_by: Option<Timestamp>) -> fjall::Result<usize> {
+        let mut batch = self.db.batch();
+        let mut removed = 0;
+        for enc in keys {
+            let Some(v) = self.records.get(enc)? else {
+                continue;
+            };
+            let expires_at = decode_completed(&v).ok().map(|r| r.expires_at);
+            if expired_by.is_some_and(|by| expires_at.is_none_or(|at| at > by)) {
+                continue;
+            }
+            if let Some(at) = expires_at {
+                batch.remove(&self.expiry, expiry_key(at, enc));
+            }
+            batch.remove(&self.records, enc.clone());
+            removed += 1;
+        }
+        batch.commit()?;
+        self.db.persist(PersistMode::SyncData)?;
+        Ok(removed)
     }
 
     /// Deletes what `due` names and is still due; returns how many records

@@ -31,6 +31,7 @@
 //!   `begin` costs no fsync.
 #![deny(missing_docs)]
 
+mod admin;
 mod claims;
 mod codec;
 mod commit;

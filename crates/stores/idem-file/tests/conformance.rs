@@ -29,3 +29,8 @@ mod immediate {
 mod tier {
     idem_testkit::tier_conformance_tests!(super::subject(idem_file::Durability::GroupCommit));
 }
+
+/// The operator's cases: counting, listing and purging namespaces.
+mod admin {
+    idem_testkit::admin_conformance_tests!(super::subject(idem_file::Durability::GroupCommit));
+}

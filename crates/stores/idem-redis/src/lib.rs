@@ -81,6 +81,7 @@
 //! what it leaves behind.
 #![deny(missing_docs)]
 
+mod admin;
 mod builder;
 mod cluster;
 mod conn;

@@ -243,7 +243,7 @@ impl Inner {
 }
 
 /// `TIME`'s answer (seconds, microseconds) in milliseconds.
-fn time_ms(v: &Value) -> Result<u64, StoreError> {
+pub(crate) fn time_ms(v: &Value) -> Result<u64, StoreError> {
     let parts = match v {
         Value::Array(parts) if parts.len() == 2 => (number(&parts[0]), number(&parts[1])),
         _ => (None, None),

@@ -49,3 +49,10 @@ mod tier {
 
     idem_testkit::tier_conformance_tests!(subject());
 }
+
+/// The operator's cases: counting, listing and purging namespaces.
+mod admin {
+    use super::*;
+
+    idem_testkit::admin_conformance_tests!(subject());
+}

@@ -60,6 +60,7 @@
 //! `docs/design.md` in the repository explains the tables and statements.
 #![deny(missing_docs)]
 
+mod admin;
 mod builder;
 mod error;
 mod inbox;

@@ -43,7 +43,7 @@ use crate::row::{ScanFilter, StoredRow, import_token, millis_column, ms, token_c
 use crate::table::Tables;
 
 /// The server's clock in milliseconds.
-const NOW: &str = "CAST(FLOOR(UNIX_TIMESTAMP(NOW(3)) * 1000) AS SIGNED)";
+pub(crate) const NOW: &str = "CAST(FLOOR(UNIX_TIMESTAMP(NOW(3)) * 1000) AS SIGNED)";
 
 /// The columns a [`StoredRow`] is read from.
 const ROW: &str =

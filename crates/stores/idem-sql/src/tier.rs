@@ -209,7 +209,7 @@ impl Inner {
     }
 
     /// Every table's namespaces, in encoded order.
-    async fn namespaces(&self) -> Result<Vec<Vec<u8>>, StoreError> {
+    pub(crate) async fn namespaces(&self) -> Result<Vec<Vec<u8>>, StoreError> {
         let lists = join_all((0..self.tables.shards()).map(|shard| {
             retrying(
                 move || async move { on_either!(&self.db, side => side.namespaces(shard).await) },

@@ -32,6 +32,13 @@ mod sixteen_shards_one_statement_each {
 
     idem_testkit::conformance_tests!(subject());
 
+    /// The operator's cases across 16 tables.
+    mod admin {
+        use super::*;
+
+        idem_testkit::admin_conformance_tests!(subject());
+    }
+
     /// The tier cases across 16 tables: imports split by table, and
     /// completed keys merged from them.
     mod tier {
@@ -46,4 +53,11 @@ mod tier {
     use super::*;
 
     idem_testkit::tier_conformance_tests!(subject());
+}
+
+/// The operator's cases: counting, listing and purging namespaces.
+mod admin {
+    use super::*;
+
+    idem_testkit::admin_conformance_tests!(subject());
 }

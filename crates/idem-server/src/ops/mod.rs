@@ -1,11 +1,14 @@
 //! The operator's commands, on any store but memory: `idem inspect` (one
 //! record), `idem ls` (a namespace's records, e.g. the stuck ones) and
 //! `idem release --force` (take a live claim away from a holder known to be
-//! gone). Human tables by default, `--json` for scripts.
+//! gone), `idem stats` and `idem purge` (see [`counts`]). Human tables by
+//! default, `--json` for scripts.
 //!
 //! Everything printed that came from the store (keys, outcomes) is escaped:
 //! a key or an outcome can hold any bytes, and none of them reaches the
 //! terminal as a control character.
+
+pub mod counts;
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -471,16 +474,26 @@ fn table(rows: &[Entry], now: Timestamp) -> String {
         })
         .collect();
     let head = ["KEY", "STATE", "TOKEN", "ATTEMPTS", "AGE", "LEASE LEFT"];
-    let mut widths = head.map(str::len);
-    for row in &cells {
+    let cells: Vec<Vec<String>> = cells.into_iter().map(Vec::from).collect();
+    let mut s = columns(&head, &cells);
+    if rows.is_empty() {
+        s.push_str("(no records)\n");
+    }
+    s
+}
+
+/// Rows of cells under a heading, in columns two spaces apart.
+fn columns(head: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = head.iter().map(|h| h.len()).collect();
+    for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
     }
     let mut s = String::new();
-    let mut line = |row: &[&str]| {
+    let mut line = |row: &mut dyn Iterator<Item = &str>| {
         let mut l = String::new();
-        for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
+        for (i, (cell, w)) in row.zip(&widths).enumerate() {
             if i > 0 {
                 l.push_str("  ");
             }
@@ -489,12 +502,9 @@ fn table(rows: &[Entry], now: Timestamp) -> String {
         s.push_str(l.trim_end());
         s.push('\n');
     };
-    line(&head);
-    for row in &cells {
-        line(&row.each_ref().map(String::as_str));
-    }
-    if rows.is_empty() {
-        s.push_str("(no records)\n");
+    line(&mut head.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
     }
     s
 }

@@ -1,0 +1,155 @@
+//! The operator's view of a Redis store (docs/contract.md §2, "Operations
+//! for operators"). Every operation walks the namespace's keys with `SCAN`
+//! on each master and reads or deletes them in pipelines; nothing blocks
+//! the server for long.
+
+use std::collections::BTreeSet;
+
+use futures_util::FutureExt as _;
+use futures_util::future::BoxFuture;
+use idem_core::admin::{Admin, NamespaceStats, Purge, StoreSize};
+use idem_core::{Namespace, Record, StoreError, Timestamp};
+use redis::{Cmd, Value};
+
+use idem_core::layer::StoreWrapper as _;
+
+use crate::RedisStore;
+use crate::layout::{RECORD_PATTERN, key_of, namespace_prefix};
+use crate::reply::{parse_record, unavailable};
+use crate::store::Inner;
+
+/// Keys one pipeline reads or deletes.
+const BATCH: usize = 1000;
+
+impl Admin for RedisStore {
+    fn namespaces(&self) -> BoxFuture<'_, Result<Vec<Namespace>, StoreError>> {
+        async move {
+            let keys = &self.store.inner().inner.scan_keys(RECORD_PATTERN).await?;
+            let found: BTreeSet<Namespace> = keys
+                .iter()
+                .filter_map(|k| key_of(k))
+                .map(|k| k.namespace().clone())
+                .collect();
+            Ok(found.into_iter().collect())
+        }
+        .boxed()
+    }
+
+    fn stats<'a>(
+        &'a self,
+        namespace: &'a Namespace,
+    ) -> BoxFuture<'a, Result<NamespaceStats, StoreError>> {
+        async move {
+            let inner = &*self.store.inner().inner;
+            let keys = namespace_keys(inner, namespace).await?;
+            let now = Timestamp::from_millis(server_time(inner).await?);
+            let mut out = NamespaceStats::default();
+            for chunk in keys.chunks(BATCH) {
+                let cmds: Vec<Cmd> = chunk
+                    .iter()
+                    .map(|k| redis::cmd("GET").arg(k).clone())
+                    .collect();
+                let values = inner.pipelined(&inner.conn, &cmds, chunk).await;
+                for v in values {
+                    match parse_record(&v.map_err(unavailable)?)? {
+                        Some(Record::InProgress(p)) => {
+                            out.count_claim(p.lease_expires_at > now, p.started_at)
+                        }
+                        Some(Record::Completed(c)) if c.expires_at > now => out.completed += 1,
+                        // Expiring this millisecond; Redis drops it itself.
+                        Some(Record::Completed(_)) => out.expired += 1,
+                        None => {}
+                    }
+                }
+            }
+            Ok(out)
+        }
+        .boxed()
+    }
+
+    fn size(&self) -> BoxFuture<'_, Result<Option<StoreSize>, StoreError>> {
+        async move {
+            let inner = &*self.store.inner().inner;
+            let masters = inner.masters().await?;
+            let mut bytes = 0u64;
+            for m in &masters {
+                let info = inner
+                    .query_node(m, redis::cmd("INFO").arg("memory").clone())
+                    .await?;
+                let text: String = redis::from_redis_value(info)
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                bytes += text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("used_memory:"))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        StoreError::Corrupt("INFO memory has no used_memory line".into())
+                    })?;
+            }
+            let what = if masters.len() > 1 {
+                format!(
+                    "used_memory of the cluster's {} masters (everything they hold, not only idem's)",
+                    masters.len()
+                )
+            } else {
+                "used_memory of the Redis server (everything it holds, not only idem's)".into()
+            };
+            Ok(Some(StoreSize { bytes, what }))
+        }
+        .boxed()
+    }
+
+    fn purge<'a>(
+        &'a self,
+        namespace: &'a Namespace,
+        what: Purge,
+        progress: &'a (dyn Fn(u64) + Send + Sync),
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        async move {
+            // Redis drops a completed record when its retention ends (its
+            // key expires), so nothing expired is ever left to remove.
+            if what == Purge::Expired {
+                progress(0);
+                return Ok(0);
+            }
+            let inner = &*self.store.inner().inner;
+            let keys = namespace_keys(inner, namespace).await?;
+            let mut removed = 0u64;
+            for chunk in keys.chunks(BATCH) {
+                let cmds: Vec<Cmd> = chunk
+                    .iter()
+                    .map(|k| redis::cmd("DEL").arg(k).clone())
+                    .collect();
+                for answer in inner.pipelined(&inner.conn, &cmds, chunk).await {
+                    if matches!(answer.map_err(unavailable)?, Value::Int(1)) {
+                        removed += 1;
+                    }
+                }
+                progress(removed);
+            }
+            Ok(removed)
+        }
+        .boxed()
+    }
+}
+
+/// Every record key of `namespace`, once each, in order.
+async fn namespace_keys(inner: &Inner, namespace: &Namespace) -> Result<Vec<Vec<u8>>, StoreError> {
+    let (prefix, pattern) = namespace_prefix(namespace.as_str());
+    let mut keys: Vec<Vec<u8>> = inner
+        .scan_keys(&pattern)
+        .await?
+        .into_iter()
+        .filter(|k| k.starts_with(prefix.as_bytes()))
+        .collect();
+    keys.sort();
+    keys.dedup();
+    Ok(keys)
+}
+
+/// The server's clock in milliseconds (a master's, on a cluster).
+async fn server_time(inner: &Inner) -> Result<u64, StoreError> {
+    let node = inner.masters().await?.into_iter().next().flatten();
+    let v = inner.query_node(&node, redis::cmd("TIME")).await?;
+    crate::tier::time_ms(&v)
+}
