@@ -51,6 +51,7 @@
 
 mod backoff;
 pub mod copy;
+pub mod dlq;
 mod handler;
 mod key;
 mod memory;

@@ -197,12 +197,19 @@ impl DeadLetter {
     /// The headers a dead-lettered message gets, beside its own, each
     /// value made safe with [`header_text`](crate::copy::header_text) (a
     /// handler's error body may span lines; a key may hold anything).
-    pub fn headers(&self) -> [(&'static str, String); 3] {
+    /// `idem-dead-lettered-at` is the time, in milliseconds since the Unix
+    /// epoch, on this host's clock.
+    pub fn headers(&self) -> [(&'static str, String); 4] {
         let safe = |text: &str| crate::copy::header_text(text).into_owned();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis();
         [
             ("idem-key", safe(self.key.as_deref().unwrap_or_default())),
             ("idem-attempts", self.attempts.to_string()),
             ("idem-last-error", safe(&self.last_error)),
+            (crate::dlq::PARKED_AT_HEADER, now.to_string()),
         ]
     }
 }

@@ -9,11 +9,14 @@
 //! - `idem inspect NS KEY`, `idem ls NS`, `idem release NS KEY --force`,
 //!   `idem stats [NS]`, `idem purge NS --expired | --all --yes`: looking
 //!   inside a store, and the operator's overrides.
+//! - `idem dlq ls|show|replay --from BROKER_URL`: dead letters listed, read
+//!   and replayed after a fix.
 //! - `idem migrate --store URL`, `idem sweep --store URL`: upkeep of an SQL
 //!   store's tables.
 
 mod config;
 mod consume;
+mod dlq;
 mod ops;
 mod proxy;
 mod serve;
@@ -60,6 +63,8 @@ enum Command {
     /// Remove a namespace's expired records (`--expired`), or all of them
     /// (`--all --yes`).
     Purge(ops::counts::PurgeArgs),
+    /// List, show and replay the dead letters of a broker source.
+    Dlq(dlq::DlqArgs),
     /// Bring an SQL store's tables up to the schema this idem needs.
     #[cfg(feature = "sql")]
     Migrate(upkeep::MigrateArgs),
@@ -90,6 +95,7 @@ fn main() -> ExitCode {
             Command::Release(args) => ops::release(args).await,
             Command::Stats(args) => ops::counts::stats(args).await,
             Command::Purge(args) => ops::counts::purge(args).await,
+            Command::Dlq(args) => dlq::run(args).await,
             #[cfg(feature = "sql")]
             Command::Migrate(args) => upkeep::migrate(args).await,
             #[cfg(feature = "sql")]

@@ -115,6 +115,13 @@ async fn failures_are_retried_then_dead_lettered_with_headers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_replay_after_a_fix() {
+    if let Some(b) = Kafka::new("dlq").await {
+        consume::dead_letters_replay_after_a_fix(b).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_keys_are_retried_after_the_lease() {
     if let Some(b) = Kafka::new("busy").await {
         consume::busy_keys_are_retried_later(b).await;

@@ -115,6 +115,14 @@ async fn nats_retries_then_dead_letters_with_headers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_dead_letters_replay_after_a_fix() {
+    let Some(nats) = Nats::new("dlq").await else {
+        return;
+    };
+    consume::dead_letters_replay_after_a_fix(nats).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_busy_keys_are_retried_after_the_lease() {
     let Some(nats) = Nats::new("busy").await else {
         return;

@@ -123,6 +123,7 @@
 
 mod config;
 mod delay;
+mod dlq;
 mod error;
 mod link;
 mod properties;
@@ -130,6 +131,7 @@ mod publisher;
 mod source;
 
 pub use config::{AmqpConfig, ConfigError};
+pub use dlq::AmqpDeadLetters;
 pub use error::{ConnectError, PublishError};
 pub use publisher::AmqpPublisher;
 pub use source::{AmqpReceipt, AmqpSource};

@@ -35,12 +35,14 @@
 
 mod config;
 mod connect;
+mod dlq;
 mod publisher;
 mod source;
 mod subject;
 
 pub use config::{ConfigError, JetStreamConfig};
 pub use connect::ConnectError;
+pub use dlq::JetStreamDeadLetters;
 pub use publisher::{JetStreamPublisher, PublishError, Published};
 pub use source::{JetStreamSource, Receipt};
 

@@ -55,7 +55,8 @@ const PULL_SILENCE: Duration = Duration::from_secs(6);
 /// that kills the process is dead-lettered eventually.
 ///
 /// **Dead letters** keep the body and headers, add `idem-key`,
-/// `idem-attempts` and `idem-last-error` (escaped to one line), and carry
+/// `idem-attempts`, `idem-last-error` (escaped to one line),
+/// `idem-dead-lettered-at` and `idem-subject` (the original subject), and carry
 /// `Nats-Msg-Id` `<stream>:<sequence>` (the producer's id moves to
 /// `idem-message-id`), so the dead-letter stream drops a dead letter
 /// published twice but never two messages that shared a producer id. The
@@ -210,6 +211,7 @@ async fn take(
 pub struct Receipt {
     acker: Acker,
     stream_sequence: u64,
+    subject: String,
     headers: Option<HeaderMap>,
 }
 
@@ -241,6 +243,7 @@ fn delivery(m: jetstream::Message) -> Result<Delivery<Receipt>, SourceError> {
         receipt: Receipt {
             acker,
             stream_sequence,
+            subject: m.subject.to_string(),
             headers: m.headers,
         },
     })
@@ -269,7 +272,9 @@ pub fn message_of(headers: Option<&HeaderMap>, payload: Bytes, attempt: u32) -> 
             .map(|v| v.as_str().to_owned())
     };
     Message {
-        id: get("Nats-Msg-Id"),
+        // A replayed dead letter carries its producer's id here (see
+        // `JetStreamDeadLetters`), and a replay id as `Nats-Msg-Id`.
+        id: get("idem-message-id").or_else(|| get("Nats-Msg-Id")),
         content_type: get("Content-Type"),
         headers: all,
         body: payload,
@@ -291,7 +296,8 @@ const NATS_HEADERS: HeaderRules = HeaderRules {
 /// The headers of the dead letter of stream message `stream_sequence`
 /// carrying `headers`: its own
 /// (with NATS control headers kept as `idem-original-<name>`), idem's, and
-/// a `Nats-Msg-Id` naming the stream message.
+/// the subject it was published to (`idem-subject`, where a replay sends
+/// it back), and a `Nats-Msg-Id` naming the stream message.
 ///
 /// The dead letter's id names this stream message, so a dead letter
 /// published again (its ack was lost) is dropped by the dead-letter
@@ -306,6 +312,7 @@ const NATS_HEADERS: HeaderRules = HeaderRules {
 pub fn dead_letter_headers(
     stream: &str,
     stream_sequence: u64,
+    subject: &str,
     headers: Option<&HeaderMap>,
     why: &DeadLetter,
 ) -> Result<HeaderMap, BoxError> {
@@ -326,6 +333,7 @@ pub fn dead_letter_headers(
     if let Some(id) = producer_id {
         idem.push(("idem-message-id", id));
     }
+    idem.push(("idem-subject", subject));
     idem.push(("Nats-Msg-Id", &dead_letter_id));
     let mut headers = HeaderMap::new();
     for (name, value) in copy_headers(original, NATS_HEADERS, &idem) {
@@ -383,6 +391,7 @@ impl Source for JetStreamSource {
         let headers = dead_letter_headers(
             &self.inner.stream,
             receipt.stream_sequence,
+            &receipt.subject,
             receipt.headers.as_ref(),
             &why,
         )

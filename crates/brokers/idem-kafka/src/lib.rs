@@ -51,6 +51,7 @@
 
 mod config;
 mod consumer;
+mod dlq;
 mod error;
 mod offsets;
 mod publisher;
@@ -58,6 +59,7 @@ mod record;
 mod source;
 
 pub use config::{ConfigError, KafkaConfig, Lanes, OffsetReset, RetryMode};
+pub use dlq::KafkaDeadLetters;
 pub use error::ConnectError;
 pub use publisher::{KafkaPublisher, PublishError, Published};
 pub use record::{ATTEMPTS, DUE, MESSAGE_ID, ORIGIN, Receipt};

@@ -549,7 +549,7 @@ fn consumer_config(mut c: ClientConfig, config: &KafkaConfig) -> ClientConfig {
 
 /// The settings every client shares: the brokers and the user's
 /// properties that apply to all.
-fn client_config(config: &KafkaConfig) -> ClientConfig {
+pub(crate) fn client_config(config: &KafkaConfig) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &config.brokers);
     for (name, value) in &config.properties {

@@ -81,12 +81,14 @@
 
 mod config;
 mod connect;
+mod dlq;
 mod entry;
 mod publisher;
 mod source;
 
 pub use config::{ConfigError, RedisStreamConfig};
 pub use connect::ConnectError;
+pub use dlq::RedisStreamDeadLetters;
 pub use publisher::{PublishError, RedisStreamPublisher};
 pub use source::{Backlog, RedisStreamReceipt, RedisStreamSource};
 

@@ -1,7 +1,7 @@
 //! `idem consume`: the sidecar that feeds any HTTP handler effectively once.
 
 mod http;
-mod sources;
+pub(crate) mod sources;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};

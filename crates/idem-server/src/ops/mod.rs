@@ -100,7 +100,7 @@ pub enum StateArg {
 
 /// Parses `90s`, `10m`, `2h`, `1d`, `250ms` or a bare number of
 /// milliseconds.
-fn parse_age(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_age(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (number, unit) = s.split_at(split);
@@ -126,7 +126,7 @@ fn parse_age(s: &str) -> Result<Duration, String> {
 
 /// Opens the store `args` name, refusing the memory store (it lives inside
 /// one process: there is nothing to look at from outside).
-async fn open(args: StoreArgs) -> Result<OpenStore, Failure> {
+pub(crate) async fn open(args: StoreArgs) -> Result<OpenStore, Failure> {
     let file = read_file(args.config.as_deref())?;
     let settings = resolve_store(args, &file)?;
     init_logging(&settings.log)?;
@@ -325,7 +325,7 @@ async fn release_one(store: &OpenStore, key: &Key) -> Result<(u64, u32, Duration
 
 /// Bytes from the store, printable: UTF-8 as it is with control characters
 /// escaped, other bytes as `\xNN`.
-fn shown(bytes: &[u8]) -> String {
+pub(crate) fn shown(bytes: &[u8]) -> String {
     let mut s = String::with_capacity(bytes.len());
     for chunk in bytes.utf8_chunks() {
         for c in chunk.valid().chars() {
@@ -344,7 +344,7 @@ fn shown(bytes: &[u8]) -> String {
 
 /// An outcome as JSON: its own JSON when it is JSON, a string when it is
 /// text, and `{"base64": …}` otherwise; cut to 200 bytes unless `full`.
-fn outcome_json(outcome: &[u8], full: bool) -> Value {
+pub(crate) fn outcome_json(outcome: &[u8], full: bool) -> Value {
     use base64::Engine as _;
     if !full && outcome.len() > SHOWN_OUTCOME_BYTES {
         return json!({
@@ -483,7 +483,7 @@ fn table(rows: &[Entry], now: Timestamp) -> String {
 }
 
 /// Rows of cells under a heading, in columns two spaces apart.
-fn columns(head: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn columns(head: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = head.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -510,7 +510,7 @@ fn columns(head: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 /// A duration as people read it: `850ms`, `42s`, `3m 12s`, `5h 3m`, `2d 4h`.
-fn age(d: Duration) -> String {
+pub(crate) fn age(d: Duration) -> String {
     let ms = d.as_millis() as u64;
     let s = ms / 1000;
     match s {

@@ -80,6 +80,8 @@ struct Ledger {
 #[derive(Clone, Default)]
 pub struct Sink {
     ledger: Arc<Mutex<Ledger>>,
+    /// Set by [`Sink::fix`]: every key succeeds from then on.
+    fixed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Sink {
@@ -113,7 +115,10 @@ impl Sink {
                 .or_insert_with(Instant::now);
             (n, first.elapsed())
         };
-        let status = if key.starts_with("fail2-") && n <= 2 {
+        let fixed = self.fixed.load(std::sync::atomic::Ordering::SeqCst);
+        let status = if fixed {
+            StatusCode::OK
+        } else if key.starts_with("fail2-") && n <= 2 {
             StatusCode::SERVICE_UNAVAILABLE
         } else if key.starts_with("always-") {
             StatusCode::INTERNAL_SERVER_ERROR
@@ -139,6 +144,11 @@ impl Sink {
                 .or_insert(token.unwrap_or(0));
         }
         status
+    }
+
+    /// The fix is deployed: every key succeeds from now on.
+    pub fn fix(&self) {
+        self.fixed.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     pub fn calls(&self) -> Vec<Call> {
@@ -458,6 +468,134 @@ pub async fn retries_and_dead_letters(broker: impl Broker) {
     let (headers, _) = find("bad-c");
     assert_eq!(headers["idem-attempts"], "1");
     assert!(headers["idem-last-error"].contains("422"), "{headers:?}");
+}
+
+/// `idem dlq` on a thousand dead letters: listed with their idem headers,
+/// one shown, replayed after the fix by key and then all at once (a key
+/// completed meanwhile stays parked), and the replayed messages handled
+/// once each, on their first attempt again.
+pub async fn dead_letters_replay_after_a_fix(broker: impl Broker) {
+    const DEAD: usize = 1000;
+    let Some((store, store_url)) = store().await else {
+        return;
+    };
+    let sink = Sink::default();
+    let to = sink.serve().await;
+    let ids: Vec<String> = (0..DEAD).map(|i| format!("bad-{i:04}")).collect();
+    broker.publish(&messages(ids.iter().cloned())).await;
+    let sidecar = start(&args(&broker, &to, &store_url, &["--concurrency", "64"])).await;
+    wait_for("the dead letters", Duration::from_secs(120), async || {
+        broker.dead_letters().await.len() == DEAD
+    })
+    .await;
+    assert_eq!(sidecar.terminate().await, 0);
+    let from = broker.source_url();
+    let dlq = |args: &[&str]| {
+        let mut all = vec!["dlq"];
+        all.extend_from_slice(args);
+        super::run(&all, &[])
+    };
+    let lines = |out: &str| -> Vec<serde_json::Value> {
+        out.lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect()
+    };
+
+    let (code, out, err) = dlq(&["ls", "--from", &from, "--json", "--limit", "5000"]);
+    assert_eq!(code, 0, "{err}");
+    let listed = lines(&out);
+    assert_eq!(listed.len(), DEAD, "every dead letter, once");
+    let first = &listed[0];
+    assert!(
+        first["key"].as_str().unwrap().starts_with("bad-"),
+        "{first}"
+    );
+    assert_eq!(first["attempts"], 1, "{first}");
+    assert!(
+        first["last_error"].as_str().unwrap().contains("422"),
+        "{first}"
+    );
+    assert!(
+        first["parked_ms_ago"].as_u64().unwrap() < 600_000,
+        "{first}"
+    );
+    let (code, out, _) = dlq(&["ls", "--from", &from, "--limit", "3"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("ID"), "{out}");
+    assert!(out.contains("(first 3 dead letters"), "{out}");
+    let id = first["id"].as_str().unwrap();
+    let (code, out, err) = dlq(&["show", id, "--from", &from]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("idem-last-error") && out.contains("\"id\":"),
+        "{out}"
+    );
+
+    // A replay must say which.
+    let (code, _, err) = dlq(&["replay", "--from", &from]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--all"), "{err}");
+
+    // The fix is deployed; one key's work was done elsewhere meanwhile.
+    sink.fix();
+    let done = Key::new(&broker.name(), "bad-0001").unwrap();
+    let Begin::Acquired(c) = store
+        .begin(&done, None, Lease::from_secs(60))
+        .await
+        .unwrap()
+    else {
+        panic!("bad-0001 is free");
+    };
+    let completed = store
+        .complete(&done, c.token, None, Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert_eq!(completed, idem_core::Fenced::Ok(()));
+    let (code, out, err) = dlq(&[
+        "replay", "--from", &from, "--key", "bad-0000", "--store", &store_url, "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let replayed = lines(&out);
+    assert_eq!(replayed.len(), 1, "{out}");
+    assert_eq!(replayed[0]["key"], "bad-0000");
+    assert!(err.contains("replayed by an operator"), "logged: {err}");
+    let (code, out, err) = dlq(&["replay", "--from", &from, "--all", "--store", &store_url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!("replayed {} dead letters", DEAD - 2)),
+        "{out}"
+    );
+    assert!(out.contains("kept") && out.contains("bad-0001"), "{out}");
+    let (_, out, _) = dlq(&["ls", "--from", &from, "--json"]);
+    let left = lines(&out);
+    assert_eq!(left.len(), 1, "only the completed key stays parked: {out}");
+    assert_eq!(left[0]["key"], "bad-0001");
+
+    let sidecar = start(&args(&broker, &to, &store_url, &["--concurrency", "64"])).await;
+    wait_for(
+        "the replayed messages",
+        Duration::from_secs(120),
+        async || sink.applied() == DEAD - 1,
+    )
+    .await;
+    wait_for("a drained broker", Duration::from_secs(30), async || {
+        broker.drained().await
+    })
+    .await;
+    assert_eq!(sidecar.terminate().await, 0);
+    for id in &ids {
+        let calls = sink.calls_for(id);
+        if id == "bad-0001" {
+            assert_eq!(calls.len(), 1, "the completed key is not run again");
+            continue;
+        }
+        assert_eq!(
+            calls.len(),
+            2,
+            "{id}: refused once, then handled once: {calls:?}"
+        );
+        assert_eq!(calls[1].attempt, 1, "{id}: a whole attempt budget again");
+    }
 }
 
 /// A key another holder works on is retried once its lease has run out,

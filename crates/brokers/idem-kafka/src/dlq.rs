@@ -1,0 +1,326 @@
+//! The dead-letter topic seen from outside the runner (`idem dlq`).
+//!
+//! A Kafka topic is a log: a record cannot be taken out of it. So each
+//! replay is recorded in a companion topic, `<dead-letter topic>.replayed`
+//! (one partition, created when missing), as the replayed record's
+//! `partition:offset`, written after its copy is; listing and replaying
+//! leave out what it names. Both verbs read the topics whole, from their
+//! low to their high watermark, with librdkafka's consumer assigned to
+//! every partition (no group, nothing committed).
+//!
+//! A replayed copy goes to the work topic with the dead letter's record
+//! key (so the same partition as its original, and the same `message-id`
+//! header), its headers less `idem-attempts` and `idem-last-error`, and
+//! `idem-replayed-from`. A replay stopped between the copy and its record
+//! in `.replayed` replays that one again next time: the guard absorbs the
+//! duplicate.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use futures_util::FutureExt as _;
+use futures_util::future::BoxFuture;
+use idem_consumer::SourceError;
+use idem_consumer::dlq::{Before, Choose, DeadLetterQueue, Parked};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, Headers as _, Message as _, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+use crate::KafkaConfig;
+use crate::error::ConnectError;
+
+/// How long a metadata or watermark request may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long reading a topic to its end may take.
+const READ_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long a produced record may wait for the brokers.
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A Kafka source's dead-letter topic.
+pub struct KafkaDeadLetters {
+    client: ClientConfig,
+    producer: FutureProducer,
+    topic: String,
+    dead_letter: String,
+    replayed: String,
+}
+
+/// One record read from a topic.
+struct Read {
+    partition: i32,
+    offset: i64,
+    key: Option<Vec<u8>>,
+    timestamp_ms: Option<i64>,
+    headers: Vec<(String, Bytes)>,
+    payload: Bytes,
+}
+
+impl KafkaDeadLetters {
+    /// Connects to the dead-letter topic of the source `config` describes
+    /// (`<topic>-dlt` unless it names another), and creates its
+    /// `.replayed` companion when missing.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it may leave the companion topic created, and nothing else.
+    pub async fn connect(config: KafkaConfig) -> Result<Self, ConnectError> {
+        let client = crate::source::client_config(&config);
+        let producer: FutureProducer = client
+            .clone()
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .create()
+            .map_err(|e| ConnectError::Kafka(format!("creating the producer: {e}")))?;
+        let dead_letter = config.dead_letter_topic();
+        let replayed = format!("{dead_letter}.replayed");
+        let admin: AdminClient<DefaultClientContext> = client
+            .create()
+            .map_err(|e| ConnectError::Kafka(format!("creating the admin client: {e}")))?;
+        let replication = config.replication.map_or(-1, i32::from);
+        let created = admin
+            .create_topics(
+                &[NewTopic::new(
+                    &replayed,
+                    1,
+                    TopicReplication::Fixed(replication),
+                )],
+                &AdminOptions::new().operation_timeout(Some(REQUEST_TIMEOUT)),
+            )
+            .await
+            .map_err(|e| ConnectError::Unreachable {
+                brokers: config.brokers.clone(),
+                reason: e.to_string(),
+            })?;
+        for result in created {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((name, code)) => {
+                    return Err(ConnectError::Kafka(format!(
+                        "creating topic {name}: {code}"
+                    )));
+                }
+            }
+        }
+        Ok(Self {
+            client,
+            producer,
+            topic: config.topic.clone(),
+            dead_letter,
+            replayed,
+        })
+    }
+
+    /// Every record of `topic`, in partition and offset order.
+    async fn read(&self, topic: &str) -> Result<Vec<Read>, SourceError> {
+        let client = self.client.clone();
+        let name = topic.to_owned();
+        tokio::task::spawn_blocking(move || read_topic(&client, &name))
+            .await
+            .map_err(|e| SourceError::new(format!("reading topic {topic}"), e))?
+            .map_err(|e| SourceError::new(format!("reading topic {topic}"), e))
+    }
+
+    /// The dead letters not replayed yet, oldest offset first in each
+    /// partition.
+    async fn parked(&self) -> Result<Vec<(Parked, Read)>, SourceError> {
+        let replayed: HashSet<String> = self
+            .read(&self.replayed)
+            .await?
+            .into_iter()
+            .map(|r| String::from_utf8_lossy(&r.payload).into_owned())
+            .collect();
+        Ok(self
+            .read(&self.dead_letter)
+            .await?
+            .into_iter()
+            .filter_map(|r| {
+                let id = format!("{}:{}", r.partition, r.offset);
+                if replayed.contains(&id) {
+                    return None;
+                }
+                let parked = Parked {
+                    id,
+                    parked_at: r
+                        .timestamp_ms
+                        .and_then(|ms| u64::try_from(ms).ok())
+                        .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
+                    headers: r.headers.clone(),
+                    body: r.payload.clone(),
+                };
+                Some((parked, r))
+            })
+            .collect())
+    }
+
+    async fn send(
+        &self,
+        topic: &str,
+        key: Option<&[u8]>,
+        headers: &[(String, Bytes)],
+        payload: &[u8],
+    ) -> Result<(), SourceError> {
+        let mut owned = OwnedHeaders::new_with_capacity(headers.len());
+        for (name, value) in headers {
+            owned = owned.insert(Header {
+                key: name,
+                value: Some(value.as_ref()),
+            });
+        }
+        let mut record = FutureRecord::to(topic).payload(payload).headers(owned);
+        if let Some(key) = key {
+            record = record.key(key);
+        }
+        self.producer
+            .send(record, SEND_TIMEOUT)
+            .await
+            .map(drop)
+            .map_err(|(e, _)| SourceError::new(format!("publishing to topic {topic}"), e))
+    }
+}
+
+/// Reads `topic` from each partition's low to its high watermark.
+fn read_topic(client: &ClientConfig, topic: &str) -> Result<Vec<Read>, String> {
+    let consumer: BaseConsumer = client
+        .clone()
+        .set("group.id", "idem-dlq-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_uncommitted")
+        .create()
+        .map_err(|e| e.to_string())?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
+        .map_err(|e| e.to_string())?;
+    let Some(t) = metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic && t.error().is_none())
+    else {
+        return Ok(Vec::new());
+    };
+    let mut assignment = TopicPartitionList::new();
+    let mut ends: HashMap<i32, i64> = HashMap::new();
+    for p in t.partitions() {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p.id(), REQUEST_TIMEOUT)
+            .map_err(|e| e.to_string())?;
+        if high > low {
+            assignment
+                .add_partition_offset(topic, p.id(), Offset::Offset(low))
+                .map_err(|e| e.to_string())?;
+            ends.insert(p.id(), high);
+        }
+    }
+    let mut out = Vec::new();
+    if ends.is_empty() {
+        return Ok(out);
+    }
+    consumer.assign(&assignment).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + READ_TIMEOUT;
+    while !ends.is_empty() {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                if ends
+                    .get(&m.partition())
+                    .is_some_and(|&end| m.offset() + 1 >= end)
+                {
+                    ends.remove(&m.partition());
+                }
+                let headers = m
+                    .headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|h| {
+                                (
+                                    h.key.to_owned(),
+                                    Bytes::copy_from_slice(h.value.unwrap_or_default()),
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                out.push(Read {
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    key: m.key().map(<[u8]>::to_vec),
+                    timestamp_ms: m.timestamp().to_millis(),
+                    headers,
+                    payload: Bytes::copy_from_slice(m.payload().unwrap_or_default()),
+                });
+            }
+            Some(Err(e)) => return Err(e.to_string()),
+            None => {
+                // Past the last record (control records of transactions
+                // are never delivered): the position tells.
+                let position = consumer.position().map_err(|e| e.to_string())?;
+                ends.retain(|&partition, &mut end| {
+                    !matches!(
+                        position.find_partition(topic, partition).map(|p| p.offset()),
+                        Some(Offset::Offset(at)) if at >= end
+                    )
+                });
+                if Instant::now() > deadline {
+                    return Err(format!(
+                        "the brokers did not send the topic to its end within {} s",
+                        READ_TIMEOUT.as_secs()
+                    ));
+                }
+            }
+        }
+    }
+    out.sort_by_key(|r| (r.partition, r.offset));
+    Ok(out)
+}
+
+impl DeadLetterQueue for KafkaDeadLetters {
+    fn name(&self) -> &str {
+        &self.dead_letter
+    }
+
+    fn work_name(&self) -> &str {
+        &self.topic
+    }
+
+    fn peek(&self, limit: usize) -> BoxFuture<'_, Result<Vec<Parked>, SourceError>> {
+        async move {
+            let mut parked = self.parked().await?;
+            parked.truncate(limit);
+            Ok(parked.into_iter().map(|(p, _)| p).collect())
+        }
+        .boxed()
+    }
+
+    fn replay<'a>(
+        &'a self,
+        choose: Choose<'a>,
+        limit: usize,
+        before: Before<'a>,
+    ) -> BoxFuture<'a, Result<Vec<Parked>, SourceError>> {
+        async move {
+            let mut moved = Vec::new();
+            for (p, read) in self.parked().await? {
+                if moved.len() == limit {
+                    break;
+                }
+                if !choose(&p) || !before(&p).await? {
+                    continue;
+                }
+                let headers = p.replay_headers(&self.dead_letter);
+                self.send(&self.topic, read.key.as_deref(), &headers, &p.body)
+                    .await?;
+                self.send(&self.replayed, None, &[], p.id.as_bytes())
+                    .await?;
+                moved.push(p);
+            }
+            Ok(moved)
+        }
+        .boxed()
+    }
+}
