@@ -58,7 +58,8 @@ struct Queue {
     /// amqp://USER:PASS@HOST:PORT/VHOST?queue=NAME,
     /// nats://HOST:PORT?stream=STREAM&consumer=NAME&subject=SUBJECT,
     /// redis://HOST:PORT?stream=NAME&group=GROUP,
-    /// kafka://HOST:PORT?topic=TOPIC&group=GROUP.
+    /// kafka://HOST:PORT?topic=TOPIC&group=GROUP,
+    /// rocketmq://NAMESRV_HOST:PORT?topic=TOPIC&group=GROUP.
     #[arg(
         long,
         env = "IDEM_FROM",
@@ -68,7 +69,7 @@ struct Queue {
     from: String,
     /// The dead-letter queue, subject, stream or topic, when `idem consume`
     /// was given one [default: the source name plus `.dead-letter`; Kafka:
-    /// TOPIC-dlt].
+    /// TOPIC-dlt; RocketMQ: %DLQ%GROUP].
     #[arg(long, env = "IDEM_DEAD_LETTER", value_name = "NAME")]
     dead_letter: Option<String>,
     /// Print JSON (one dead letter a line) instead of text.
@@ -195,9 +196,21 @@ async fn connect(queue: &Queue) -> Result<Box<dyn DeadLetterQueue>, Failure> {
                 .map_err(|e| failed(&e))?;
             Ok(Box::new(q))
         }
+        #[cfg(feature = "rocketmq")]
+        "rocketmq" => {
+            let mut config = idem_rocketmq::RocketMqConfig::from_url(from)
+                .map_err(|e| bad("from", e.to_string()))?;
+            if let Some(d) = dead {
+                config = config.dead_letter(d);
+            }
+            let q = idem_rocketmq::RocketMqDeadLetters::connect(config)
+                .await
+                .map_err(|e| failed(&e))?;
+            Ok(Box::new(q))
+        }
         other => Err(bad(
             "from",
-            format!("idem dlq does not read {other}:// dead letters yet; it reads amqp://, nats://, redis:// and kafka:// ones"),
+            format!("idem dlq does not read {other}:// dead letters yet; it reads amqp://, nats://, redis://, kafka:// and rocketmq:// ones"),
         )
         .into()),
     }

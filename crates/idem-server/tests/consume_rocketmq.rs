@@ -125,6 +125,14 @@ async fn rocketmq_retries_then_dead_letters_with_headers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rocketmq_dead_letters_replay_after_a_fix() {
+    let Some(broker) = RocketMq::new("dlq").await else {
+        return;
+    };
+    consume::dead_letters_replay_after_a_fix(broker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rocketmq_busy_keys_are_retried_after_the_lease() {
     let Some(broker) = RocketMq::new("busy").await else {
         return;

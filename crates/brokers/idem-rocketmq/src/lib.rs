@@ -46,12 +46,14 @@
 
 mod client;
 mod config;
+mod dlq;
 mod monitor;
 mod publisher;
 mod source;
 
 pub use client::ConnectError;
 pub use config::{ConfigError, RocketMqConfig};
+pub use dlq::RocketMqDeadLetters;
 pub use monitor::RocketMqMonitor;
 pub use publisher::{PublishError, Published, RocketMqPublisher};
 pub use source::{Receipt, RocketMqSource};

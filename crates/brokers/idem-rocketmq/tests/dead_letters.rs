@@ -142,7 +142,12 @@ async fn an_error_with_property_separators_cannot_inject_properties_into_a_dead_
     names.sort();
     assert_eq!(
         names,
-        ["idem-attempts", "idem-key", "idem-last-error"],
+        [
+            "idem-attempts",
+            "idem-dead-lettered-at",
+            "idem-key",
+            "idem-last-error"
+        ],
         "exactly idem's properties"
     );
     let last = header(letter, "idem-last-error");
@@ -187,7 +192,13 @@ async fn a_replayed_dead_letter_dead_lettered_again_carries_only_the_new_idem_pr
     names.sort();
     assert_eq!(
         names,
-        ["idem-attempts", "idem-key", "idem-last-error", "tenant"],
+        [
+            "idem-attempts",
+            "idem-dead-lettered-at",
+            "idem-key",
+            "idem-last-error",
+            "tenant"
+        ],
         "idem's replace the old ones"
     );
     assert_eq!(header(letter, "idem-last-error"), "the new error");
