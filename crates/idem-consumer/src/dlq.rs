@@ -163,6 +163,75 @@ pub trait DeadLetterQueue: Send + Sync {
     ) -> BoxFuture<'a, Result<Vec<Parked>, SourceError>>;
 }
 
+/// What [`ReplayLog::unreplayed`] answers.
+pub type Unreplayed<E> = Result<Vec<(Parked, E)>, SourceError>;
+
+/// A dead-letter queue kept in a log (a Kafka or RocketMQ topic): nothing
+/// leaves it, so each replay is recorded beside it, and what was replayed
+/// is left out from then on. Such a queue is a [`DeadLetterQueue`].
+pub trait ReplayLog: Send + Sync {
+    /// What a republish needs of a record besides the [`Parked`] (its
+    /// record key, say).
+    type Extra: Send + Sync;
+
+    /// Where dead letters are parked, for people.
+    fn log_name(&self) -> &str;
+
+    /// Where replayed messages go, for people.
+    fn log_work_name(&self) -> &str;
+
+    /// Every dead letter not replayed yet, oldest first.
+    fn unreplayed(&self) -> BoxFuture<'_, Unreplayed<Self::Extra>>;
+
+    /// Publishes `parked`'s copy to the work topic, then records its
+    /// replay.
+    fn republish<'a>(
+        &'a self,
+        parked: &'a Parked,
+        extra: &'a Self::Extra,
+    ) -> BoxFuture<'a, Result<(), SourceError>>;
+}
+
+impl<L: ReplayLog> DeadLetterQueue for L {
+    fn name(&self) -> &str {
+        self.log_name()
+    }
+
+    fn work_name(&self) -> &str {
+        self.log_work_name()
+    }
+
+    fn peek(&self, limit: usize) -> BoxFuture<'_, Result<Vec<Parked>, SourceError>> {
+        Box::pin(async move {
+            let mut parked = self.unreplayed().await?;
+            parked.truncate(limit);
+            Ok(parked.into_iter().map(|(p, _)| p).collect())
+        })
+    }
+
+    fn replay<'a>(
+        &'a self,
+        choose: Choose<'a>,
+        limit: usize,
+        before: Before<'a>,
+    ) -> BoxFuture<'a, Result<Vec<Parked>, SourceError>> {
+        Box::pin(async move {
+            let mut moved = Vec::new();
+            for (p, extra) in self.unreplayed().await? {
+                if moved.len() == limit {
+                    break;
+                }
+                if !choose(&p) || !before(&p).await? {
+                    continue;
+                }
+                self.republish(&p, &extra).await?;
+                moved.push(p);
+            }
+            Ok(moved)
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,7 +22,7 @@ use bytes::Bytes;
 use futures_util::FutureExt as _;
 use futures_util::future::BoxFuture;
 use idem_consumer::SourceError;
-use idem_consumer::dlq::{Before, Choose, DeadLetterQueue, Parked};
+use idem_consumer::dlq::{Parked, ReplayLog, Unreplayed};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -279,47 +279,39 @@ fn read_topic(client: &ClientConfig, topic: &str) -> Result<Vec<Read>, String> {
     Ok(out)
 }
 
-impl DeadLetterQueue for KafkaDeadLetters {
-    fn name(&self) -> &str {
+impl ReplayLog for KafkaDeadLetters {
+    type Extra = Option<Vec<u8>>;
+
+    fn log_name(&self) -> &str {
         &self.dead_letter
     }
 
-    fn work_name(&self) -> &str {
+    fn log_work_name(&self) -> &str {
         &self.topic
     }
 
-    fn peek(&self, limit: usize) -> BoxFuture<'_, Result<Vec<Parked>, SourceError>> {
+    fn unreplayed(&self) -> BoxFuture<'_, Unreplayed<Self::Extra>> {
         async move {
-            let mut parked = self.parked().await?;
-            parked.truncate(limit);
-            Ok(parked.into_iter().map(|(p, _)| p).collect())
+            Ok(self
+                .parked()
+                .await?
+                .into_iter()
+                .map(|(p, read)| (p, read.key))
+                .collect())
         }
         .boxed()
     }
 
-    fn replay<'a>(
+    fn republish<'a>(
         &'a self,
-        choose: Choose<'a>,
-        limit: usize,
-        before: Before<'a>,
-    ) -> BoxFuture<'a, Result<Vec<Parked>, SourceError>> {
+        p: &'a Parked,
+        key: &'a Self::Extra,
+    ) -> BoxFuture<'a, Result<(), SourceError>> {
         async move {
-            let mut moved = Vec::new();
-            for (p, read) in self.parked().await? {
-                if moved.len() == limit {
-                    break;
-                }
-                if !choose(&p) || !before(&p).await? {
-                    continue;
-                }
-                let headers = p.replay_headers(&self.dead_letter);
-                self.send(&self.topic, read.key.as_deref(), &headers, &p.body)
-                    .await?;
-                self.send(&self.replayed, None, &[], p.id.as_bytes())
-                    .await?;
-                moved.push(p);
-            }
-            Ok(moved)
+            let headers = p.replay_headers(&self.dead_letter);
+            self.send(&self.topic, key.as_deref(), &headers, &p.body)
+                .await?;
+            self.send(&self.replayed, None, &[], p.id.as_bytes()).await
         }
         .boxed()
     }

@@ -27,7 +27,7 @@ use bytes::Bytes;
 use futures_util::FutureExt as _;
 use futures_util::future::BoxFuture;
 use idem_consumer::SourceError;
-use idem_consumer::dlq::{Before, Choose, DeadLetterQueue, Parked};
+use idem_consumer::dlq::{Parked, ReplayLog, Unreplayed};
 use rocketmq_client_rust::{DefaultMQPullConsumer, PullStatus};
 use rocketmq_model::common::message::STRING_HASH_SET;
 
@@ -191,64 +191,51 @@ impl RocketMqDeadLetters {
     }
 }
 
-impl DeadLetterQueue for RocketMqDeadLetters {
-    fn name(&self) -> &str {
+impl ReplayLog for RocketMqDeadLetters {
+    /// The dead letter's `KEYS`.
+    type Extra = String;
+
+    fn log_name(&self) -> &str {
         &self.dead_letter
     }
 
-    fn work_name(&self) -> &str {
+    fn log_work_name(&self) -> &str {
         &self.topic
     }
 
-    fn peek(&self, limit: usize) -> BoxFuture<'_, Result<Vec<Parked>, SourceError>> {
-        async move {
-            let mut parked = self.parked().await?;
-            parked.truncate(limit);
-            Ok(parked.into_iter().map(|(p, _)| p).collect())
-        }
-        .boxed()
+    fn unreplayed(&self) -> BoxFuture<'_, Unreplayed<String>> {
+        self.parked().boxed()
     }
 
-    fn replay<'a>(
+    fn republish<'a>(
         &'a self,
-        choose: Choose<'a>,
-        limit: usize,
-        before: Before<'a>,
-    ) -> BoxFuture<'a, Result<Vec<Parked>, SourceError>> {
+        p: &'a Parked,
+        keys: &'a String,
+    ) -> BoxFuture<'a, Result<(), SourceError>> {
         async move {
-            let mut moved = Vec::new();
-            for (p, keys) in self.parked().await? {
-                if moved.len() == limit {
-                    break;
-                }
-                if !choose(&p) || !before(&p).await? {
-                    continue;
-                }
-                let headers = p.replay_headers(&self.dead_letter);
-                let properties: Vec<(String, String)> = headers
-                    .iter()
-                    .map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned()))
-                    .collect();
-                let properties: Vec<(&str, &str)> = properties
-                    .iter()
-                    .map(|(n, v)| (n.as_str(), v.as_str()))
-                    .collect();
-                let what = format!("replaying {}/{} to {}", self.dead_letter, p.id, self.topic);
-                Box::pin(
-                    self.publisher
-                        .publish(&self.topic, &keys, &properties, p.body.clone()),
-                )
-                .await
-                .map_err(|e| SourceError::new(what.clone(), e))?;
-                Box::pin(
-                    self.publisher
-                        .publish(&self.replayed, "", &[], p.id.clone()),
-                )
-                .await
-                .map_err(|e| SourceError::new(format!("recording the replay of {}", p.id), e))?;
-                moved.push(p);
-            }
-            Ok(moved)
+            let headers = p.replay_headers(&self.dead_letter);
+            let properties: Vec<(String, String)> = headers
+                .iter()
+                .map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned()))
+                .collect();
+            let properties: Vec<(&str, &str)> = properties
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect();
+            let what = format!("replaying {}/{} to {}", self.dead_letter, p.id, self.topic);
+            Box::pin(
+                self.publisher
+                    .publish(&self.topic, keys, &properties, p.body.clone()),
+            )
+            .await
+            .map_err(|e| SourceError::new(what, e))?;
+            Box::pin(
+                self.publisher
+                    .publish(&self.replayed, "", &[], p.id.clone()),
+            )
+            .await
+            .map_err(|e| SourceError::new(format!("recording the replay of {}", p.id), e))?;
+            Ok(())
         }
         .boxed()
     }
