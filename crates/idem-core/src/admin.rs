@@ -65,6 +65,48 @@ pub enum Purge {
     All,
 }
 
+/// How a [`Finding`] of [`Admin::findings`] weighs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Severity {
+    /// Checked and fine.
+    Ok,
+    /// Works, with a risk the operator should know of.
+    Warn,
+    /// Breaks a promise of idem's (records can be lost, work can run
+    /// twice) until fixed.
+    Fail,
+}
+
+/// What a store found in its own configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    /// How it weighs.
+    pub severity: Severity,
+    /// What was checked, in a word or two: `eviction`, `persistence`.
+    pub check: String,
+    /// What was found.
+    pub detail: String,
+    /// The one-line fix, where there is something to fix.
+    pub fix: Option<String>,
+}
+
+impl Finding {
+    /// A finding with its fix.
+    pub fn new(
+        severity: Severity,
+        check: &str,
+        detail: impl Into<String>,
+        fix: Option<String>,
+    ) -> Self {
+        Self {
+            severity,
+            check: check.to_owned(),
+            detail: detail.into(),
+            fix,
+        }
+    }
+}
+
 /// An operator's view of a store.
 ///
 /// Fencing survives a purge: the next acquisition of a purged key gets a
@@ -90,6 +132,13 @@ pub trait Admin: Send + Sync + 'static {
 
     /// How much room the store takes, where it can tell.
     fn size(&self) -> BoxFuture<'_, Result<Option<StoreSize>, StoreError>>;
+
+    /// What the store finds in its own configuration that bears on idem's
+    /// promises (a Redis that may evict records, a database that may lose
+    /// committed transactions), each with its fix. None by default.
+    fn findings(&self) -> BoxFuture<'_, Result<Vec<Finding>, StoreError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
 
     /// Removes `what` from a namespace; answers how many records went.
     /// `progress` hears the running count after each batch.

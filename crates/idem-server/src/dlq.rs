@@ -142,10 +142,16 @@ pub async fn run(args: DlqArgs) -> Result<(), Failure> {
 
 /// The dead-letter queue `queue` names.
 async fn connect(queue: &Queue) -> Result<Box<dyn DeadLetterQueue>, Failure> {
-    let from = queue.from.as_str();
+    connect_url(&queue.from, queue.dead_letter.clone()).await
+}
+
+/// The dead-letter queue of the source `from`, or `dead` on its broker.
+pub async fn connect_url(
+    from: &str,
+    dead: Option<String>,
+) -> Result<Box<dyn DeadLetterQueue>, Failure> {
     crate::consume::sources::check(from)?;
     let scheme = from.split_once("://").map_or(from, |(s, _)| s);
-    let dead = queue.dead_letter.clone();
     let failed = |e: &dyn std::fmt::Display| Failure::Run(e.to_string());
     match scheme {
         #[cfg(feature = "amqp")]

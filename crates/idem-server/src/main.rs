@@ -11,12 +11,15 @@
 //!   inside a store, and the operator's overrides.
 //! - `idem dlq ls|show|replay --from BROKER_URL`: dead letters listed, read
 //!   and replayed after a fix.
+//! - `idem doctor --store URL [--from BROKER_URL]`: whether idem can work
+//!   here, each problem with its fix.
 //! - `idem migrate --store URL`, `idem sweep --store URL`: upkeep of an SQL
 //!   store's tables.
 
 mod config;
 mod consume;
 mod dlq;
+mod doctor;
 mod ops;
 mod proxy;
 mod serve;
@@ -65,6 +68,10 @@ enum Command {
     Purge(ops::counts::PurgeArgs),
     /// List, show and replay the dead letters of a broker source.
     Dlq(dlq::DlqArgs),
+    /// Check that idem can work here: the store (reach, round trip, a
+    /// claim, clock skew, schema, settings) and the broker, each problem
+    /// with its fix.
+    Doctor(doctor::DoctorArgs),
     /// Bring an SQL store's tables up to the schema this idem needs.
     #[cfg(feature = "sql")]
     Migrate(upkeep::MigrateArgs),
@@ -96,6 +103,7 @@ fn main() -> ExitCode {
             Command::Stats(args) => ops::counts::stats(args).await,
             Command::Purge(args) => ops::counts::purge(args).await,
             Command::Dlq(args) => dlq::run(args).await,
+            Command::Doctor(args) => doctor::run(args).await,
             #[cfg(feature = "sql")]
             Command::Migrate(args) => upkeep::migrate(args).await,
             #[cfg(feature = "sql")]

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use futures_util::FutureExt as _;
 use futures_util::future::BoxFuture;
-use idem_core::admin::{Admin, NamespaceStats, Purge, StoreSize};
+use idem_core::admin::{Admin, Finding, NamespaceStats, Purge, Severity, StoreSize};
 use idem_core::{Namespace, Record, StoreError, Timestamp};
 use redis::{Cmd, Value};
 
@@ -99,6 +99,29 @@ impl Admin for RedisStore {
         .boxed()
     }
 
+    fn findings(&self) -> BoxFuture<'_, Result<Vec<Finding>, StoreError>> {
+        async move {
+            let inner = &*self.store.inner().inner;
+            let mut out = Vec::new();
+            for node in inner.masters().await? {
+                let at = node
+                    .as_ref()
+                    .map_or(String::new(), |(h, p)| format!(" on {h}:{p}"));
+                match config(inner, &node).await {
+                    Ok(settings) => out.extend(judge(&settings, &at)),
+                    Err(e) => out.push(Finding::new(
+                        Severity::Warn,
+                        "settings",
+                        format!("CONFIG GET was refused{at} ({e}), so eviction and persistence were not checked"),
+                        Some("check yourself that maxmemory-policy is noeviction and that appendonly is yes".into()),
+                    )),
+                }
+            }
+            Ok(out)
+        }
+        .boxed()
+    }
+
     fn purge<'a>(
         &'a self,
         namespace: &'a Namespace,
@@ -133,6 +156,81 @@ impl Admin for RedisStore {
     }
 }
 
+/// The settings idem's promises depend on, from `CONFIG GET`.
+async fn config(
+    inner: &Inner,
+    node: &Option<crate::cluster::Node>,
+) -> Result<Vec<(String, String)>, StoreError> {
+    let mut out = Vec::new();
+    for name in ["maxmemory", "maxmemory-policy", "appendonly", "save"] {
+        let reply = inner
+            .query_node(node, redis::cmd("CONFIG").arg("GET").arg(name).clone())
+            .await?;
+        let pairs: Vec<String> =
+            redis::from_redis_value(reply).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        out.extend(
+            pairs
+                .chunks_exact(2)
+                .map(|kv| (kv[0].clone(), kv[1].clone())),
+        );
+    }
+    Ok(out)
+}
+
+/// What `settings` mean for idem's records.
+fn judge(settings: &[(String, String)], at: &str) -> Vec<Finding> {
+    let get = |name: &str| {
+        settings
+            .iter()
+            .find(|(k, _)| k == name)
+            .map_or("", |(_, v)| v.as_str())
+    };
+    let mut out = Vec::new();
+    let policy = get("maxmemory-policy");
+    let limited = !matches!(get("maxmemory"), "" | "0");
+    out.push(if policy == "noeviction" || !limited {
+        Finding::new(
+            Severity::Ok,
+            "eviction",
+            format!("Redis never evicts a record{at} (maxmemory-policy {policy}, maxmemory {})", get("maxmemory")),
+            None,
+        )
+    } else {
+        Finding::new(
+            Severity::Fail,
+            "eviction",
+            format!(
+                "maxmemory-policy is {policy}{at} with maxmemory {}: under memory pressure Redis evicts records, and the work of an evicted key runs again",
+                get("maxmemory")
+            ),
+            Some("redis-cli CONFIG SET maxmemory-policy noeviction (and CONFIG REWRITE)".into()),
+        )
+    });
+    let aof = get("appendonly") == "yes";
+    let snapshots = !get("save").trim().is_empty();
+    out.push(if aof {
+        Finding::new(Severity::Ok, "persistence", format!("append-only file on{at}"), None)
+    } else if snapshots {
+        Finding::new(
+            Severity::Warn,
+            "persistence",
+            format!(
+                "snapshots only{at} (save {}): a crash loses the records written since the last one",
+                get("save")
+            ),
+            Some("redis-cli CONFIG SET appendonly yes (and CONFIG REWRITE)".into()),
+        )
+    } else {
+        Finding::new(
+            Severity::Warn,
+            "persistence",
+            format!("Redis keeps nothing on disk{at}: a restart forgets every record"),
+            Some("redis-cli CONFIG SET appendonly yes (and CONFIG REWRITE)".into()),
+        )
+    });
+    out
+}
+
 /// Every record key of `namespace`, once each, in order.
 async fn namespace_keys(inner: &Inner, namespace: &Namespace) -> Result<Vec<Vec<u8>>, StoreError> {
     let (prefix, pattern) = namespace_prefix(namespace.as_str());
@@ -152,4 +250,38 @@ async fn server_time(inner: &Inner) -> Result<u64, StoreError> {
     let node = inner.masters().await?.into_iter().next().flatten();
     let v = inner.query_node(&node, redis::cmd("TIME")).await?;
     crate::tier::time_ms(&v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn an_evicting_redis_fails_and_one_without_disk_warns() {
+        let evicting = settings(&[
+            ("maxmemory", "104857600"),
+            ("maxmemory-policy", "allkeys-lru"),
+            ("appendonly", "no"),
+            ("save", ""),
+        ]);
+        let found = judge(&evicting, "");
+        assert_eq!(found[0].severity, Severity::Fail);
+        assert!(found[0].fix.as_deref().unwrap().contains("noeviction"));
+        assert_eq!(found[1].severity, Severity::Warn);
+        assert!(found[1].detail.contains("nothing on disk"));
+        let safe = settings(&[
+            ("maxmemory", "0"),
+            ("maxmemory-policy", "volatile-lru"),
+            ("appendonly", "yes"),
+            ("save", "3600 1"),
+        ]);
+        assert!(judge(&safe, "").iter().all(|f| f.severity == Severity::Ok));
+    }
 }

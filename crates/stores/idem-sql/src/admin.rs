@@ -6,7 +6,7 @@
 
 use futures_util::FutureExt as _;
 use futures_util::future::BoxFuture;
-use idem_core::admin::{Admin, NamespaceStats, Purge, StoreSize};
+use idem_core::admin::{Admin, Finding, NamespaceStats, Purge, Severity, StoreSize};
 use idem_core::{Namespace, StoreError, Timestamp};
 use sqlx::AssertSqlSafe;
 
@@ -71,6 +71,71 @@ impl Admin for SqlStore {
                 n => format!("the {n} records tables and their indexes"),
             };
             Ok(Some(StoreSize { bytes, what }))
+        }
+        .boxed()
+    }
+
+    fn findings(&self) -> BoxFuture<'_, Result<Vec<Finding>, StoreError>> {
+        async move {
+            let inner = self.records();
+            let mut out = vec![Finding::new(
+                Severity::Ok,
+                "schema",
+                format!(
+                    "tables at schema version {}, as this idem needs",
+                    crate::SCHEMA_VERSION
+                ),
+                None,
+            )];
+            match &inner.db {
+                Db::Postgres(pg) => {
+                    for (setting, risky, severity, why) in [
+                        ("fsync", "off", Severity::Fail, "a crash of the server can corrupt or lose committed records"),
+                        ("synchronous_commit", "off", Severity::Warn, "a crash of the server loses the completions of its last moments, and their work runs again"),
+                    ] {
+                        let value: String = sqlx::query_scalar(AssertSqlSafe(format!(
+                            "SELECT current_setting('{setting}')"
+                        )))
+                        .fetch_one(&pg.pool)
+                        .await
+                        .map_err(crate::error::store)?;
+                        out.push(if value == risky {
+                            Finding::new(
+                                severity,
+                                setting,
+                                format!("{setting} is {value}: {why}"),
+                                Some(format!("ALTER SYSTEM SET {setting} = on; SELECT pg_reload_conf();")),
+                            )
+                        } else {
+                            Finding::new(Severity::Ok, setting, format!("{setting} is {value}"), None)
+                        });
+                    }
+                }
+                Db::MySql(my) => {
+                    let flush: i64 = sqlx::query_scalar(
+                        "SELECT CAST(@@innodb_flush_log_at_trx_commit AS SIGNED)",
+                    )
+                    .fetch_one(&my.pool)
+                    .await
+                    .map_err(crate::error::store)?;
+                    out.push(if flush == 1 {
+                        Finding::new(
+                            Severity::Ok,
+                            "durability",
+                            "innodb_flush_log_at_trx_commit is 1",
+                            None,
+                        )
+                    } else {
+                        Finding::new(
+                            Severity::Warn,
+                            "durability",
+                            format!("innodb_flush_log_at_trx_commit is {flush}: a crash loses the completions of about the last second, and their work runs again"),
+                            Some("SET GLOBAL innodb_flush_log_at_trx_commit = 1 (and in the server's configuration)".into()),
+                        )
+                    });
+                }
+            }
+            Ok(out)
         }
         .boxed()
     }
