@@ -123,6 +123,26 @@ fn main() -> ExitCode {
     }
 }
 
+/// The Prometheus recorder every command serving metrics installs, with
+/// latency buckets fit for sub-millisecond calls.
+pub fn prometheus() -> Result<metrics_exporter_prometheus::PrometheusHandle, Failure> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    const FAST: &[f64] = &[
+        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+    ];
+    let metric = |e| Failure::Run(format!("metrics: {e}"));
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full("idem_http_request_duration_seconds".into()),
+            FAST,
+        )
+        .map_err(metric)?
+        .set_buckets_for_metric(Matcher::Full("idem_store_call_seconds".into()), FAST)
+        .map_err(metric)?
+        .install_recorder()
+        .map_err(metric)
+}
+
 /// Why a command stopped.
 pub enum Failure {
     /// Bad settings: nothing was started.

@@ -2,7 +2,6 @@
 
 use clap::Args;
 use idem_http::api::{ApiConfig, ApiState, Detached, router};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
 use crate::config::{CommonArgs, read_file, resolve_common};
 use crate::{Failure, init_logging, serve_until_signal, store_url};
@@ -35,17 +34,9 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
     let file = read_file(args.common.store.config.as_deref())?;
     let common = resolve_common(args.common, args.listen, "127.0.0.1:7700", &file)?;
     init_logging(&common.log)?;
+    // Installed first: the store's metric handles are made as it opens.
+    let metrics = crate::prometheus()?;
     let store = store_url::open(&common).await?;
-    let metrics = PrometheusBuilder::new()
-        .set_buckets_for_metric(
-            Matcher::Full("idem_http_request_duration_seconds".into()),
-            &[
-                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
-            ],
-        )
-        .map_err(|e| Failure::Run(format!("metrics: {e}")))?
-        .install_recorder()
-        .map_err(|e| Failure::Run(format!("metrics: {e}")))?;
     tracing::info!(store = %store.description, auth = common.auth.is_on(), "starting idem serve");
     let detached = Detached::default();
     let app = router(ApiState {

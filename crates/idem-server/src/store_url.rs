@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 use idem_core::admin::Admin;
+use idem_core::layer::{Measured, Traced};
 use idem_core::{MemoryStore, SharedStore};
 use idem_file::{Durability, FileStore};
 
@@ -37,10 +38,37 @@ impl OpenStore {
     }
 }
 
-/// Opens the store `common` names. A URL idem cannot read is a bad
-/// setting; a store that will not open (a directory in use, Redis
-/// unreachable) is a failure to start, with what to check.
+/// Opens the store `common` names, measured and traced: every call counted
+/// and timed (`idem_store_calls_total`, `idem_store_call_seconds`, labelled
+/// with the store's kind) and run in a debug-level `store` span. A URL idem
+/// cannot read is a bad setting; a store that will not open (a directory in
+/// use, Redis unreachable) is a failure to start, with what to check.
 pub async fn open(common: &StoreSettings) -> Result<OpenStore, Failure> {
+    let mut open = open_plain(common).await?;
+    open.store = instrumented(open.store, kind(&common.store));
+    Ok(open)
+}
+
+/// `store` counted, timed and traced (see [`open`]).
+pub fn instrumented(store: SharedStore, kind: &str) -> SharedStore {
+    Arc::new(Traced::new(Measured::new(store, kind)))
+}
+
+/// The `store` label of a store URL: its kind, never its address.
+pub fn kind(url: &str) -> &'static str {
+    match url.split_once("://").map_or(url, |(s, _)| s) {
+        "file" => "file",
+        "memory" | "memory:" => "memory",
+        "redis" | "rediss" => "redis",
+        "redis+cluster" | "rediss+cluster" => "redis-cluster",
+        "postgres" | "postgresql" => "postgres",
+        "mysql" | "mariadb" => "mysql",
+        "tiered" => "tiered",
+        _ => "other",
+    }
+}
+
+async fn open_plain(common: &StoreSettings) -> Result<OpenStore, Failure> {
     let url = common.store.as_str();
     let tls = &common.redis_tls;
     if (tls.ca.is_some() || tls.client.is_some()) && !url.starts_with("rediss") {

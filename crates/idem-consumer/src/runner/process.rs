@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
+use tracing::Instrument as _;
 
 use idem_core::{Begin, Claim, ClaimHandle, GuardError, Key, Raw, Store, StoreError};
 use tokio::time::Instant;
@@ -33,6 +34,20 @@ enum Action {
     /// The handler cannot take messages now: pause, hold the message and
     /// run it again, no attempt counted.
     Pause(String),
+}
+
+impl Action {
+    /// The action's name in a `settle` span.
+    fn name(&self) -> &'static str {
+        match self {
+            Action::Ack { duplicate: false } => "ack",
+            Action::Ack { duplicate: true } => "ack_duplicate",
+            Action::Retry { .. } => "retry",
+            Action::DeadLetter(_) => "dead_letter",
+            Action::Requeue => "requeue",
+            Action::Pause(_) => "pause",
+        }
+    }
 }
 
 impl<S, Src, H> Shared<S, Src, H>
@@ -291,17 +306,36 @@ where
     ) -> Action {
         let token = claim.token;
         let started = Instant::now();
-        let work = self.guard.run_acquired(&Raw, key, claim, sent, |handle| {
-            self.caught(
-                self.handler
-                    .handle(with_key(&delivery.message, key), handle),
-            )
-        });
+        // The handler's span: its namespace and attempt, and how it ended
+        // (`ok`, `error` or `stopped`); never the key's or outcome's bytes.
+        let span = tracing::debug_span!(
+            "handler",
+            namespace = %key.namespace(),
+            attempt = delivery.message.attempt.max(1),
+            outcome = tracing::field::Empty,
+        );
+        let work = self
+            .guard
+            .run_acquired(&Raw, key, claim, sent, |handle| {
+                self.caught(
+                    self.handler
+                        .handle(with_key(&delivery.message, key), handle),
+                )
+            })
+            .instrument(span.clone());
         let outcome = tokio::select! {
             r = work => Some(r),
             () = self.keep_alive(delivery) => unreachable!("keep-alive never ends"),
             () = self.hard_stop.cancelled() => None,
         };
+        span.record(
+            "outcome",
+            match &outcome {
+                Some(Ok(_)) => "ok",
+                Some(Err(_)) => "error",
+                None => "stopped",
+            },
+        );
         self.tally
             .handler_seconds
             .record(started.elapsed().as_secs_f64());
@@ -398,6 +432,20 @@ where
     }
 
     async fn perform(&self, delivery: Delivery<Src::Receipt>, key: &Key, action: Action) {
+        // The broker settle's span: the namespace, what was done, and
+        // whether the broker took it.
+        let span = tracing::debug_span!(
+            "settle",
+            namespace = %key.namespace(),
+            action = action.name(),
+            result = tracing::field::Empty,
+        );
+        self.perform_in(delivery, key, action)
+            .instrument(span)
+            .await;
+    }
+
+    async fn perform_in(&self, delivery: Delivery<Src::Receipt>, key: &Key, action: Action) {
         let (settled, result) = match action {
             Action::Ack { duplicate } => {
                 let settled = if duplicate {
@@ -446,6 +494,7 @@ where
     }
 
     fn count(&self, settled: Settled, result: Result<(), crate::SourceError>) {
+        tracing::Span::current().record("result", if result.is_ok() { "ok" } else { "failed" });
         self.tally.settled(settled, result.is_err());
         if let Err(e) = result {
             tracing::warn!(error = %e, ?settled, "settling a message failed; the broker will redeliver it");

@@ -13,9 +13,11 @@ use crate::{
 };
 
 /// Runs each operation in a debug-level span named `store` with its
-/// `operation`, and its `key` (escaped: a key's bytes are untrusted and
-/// never reach a log line raw) or batch `items`; a failed call logs its
-/// error at debug level inside the span.
+/// `operation`, its `key` (escaped: a key's bytes are untrusted and never
+/// reach a log line raw) or batch `items`, and, once it ends, its
+/// `outcome` class: `ok`, `stale` (a fenced call whose token no longer owns
+/// the key), `refused` (input over a limit) or `failed` (a store error,
+/// also logged at debug level inside the span). Never an outcome's bytes.
 #[derive(Clone, Debug)]
 pub struct Traced<S> {
     inner: S,
@@ -28,12 +30,27 @@ impl<S: Store> Traced<S> {
     }
 }
 
-async fn logged<T>(call: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+async fn logged<T>(
+    call: impl Future<Output = Result<T, StoreError>>,
+    stale: impl FnOnce(&T) -> bool,
+) -> Result<T, StoreError> {
     let answer = call.await;
+    let span = tracing::Span::current();
+    let outcome = match &answer {
+        Ok(v) if stale(v) => "stale",
+        Ok(_) => "ok",
+        Err(StoreError::Invalid(_)) => "refused",
+        Err(_) => "failed",
+    };
+    span.record("outcome", outcome);
     if let Err(e) = &answer {
         tracing::debug!(error = %e, "store call failed");
     }
     answer
+}
+
+fn never<T>(_: &T) -> bool {
+    false
 }
 
 impl<S: Store> StoreWrapper for Traced<S> {
@@ -49,8 +66,8 @@ impl<S: Store> StoreWrapper for Traced<S> {
         fingerprint: Option<Fingerprint>,
         lease: Lease,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
-        let span = tracing::debug_span!("store", operation = "begin", %key);
-        logged(self.inner.begin(key, fingerprint, lease)).instrument(span)
+        let span = tracing::debug_span!("store", operation = "begin", %key, outcome = tracing::field::Empty);
+        logged(self.inner.begin(key, fingerprint, lease), never).instrument(span)
     }
 
     fn complete(
@@ -60,8 +77,12 @@ impl<S: Store> StoreWrapper for Traced<S> {
         outcome: Option<Bytes>,
         retention: Duration,
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
-        let span = tracing::debug_span!("store", operation = "complete", %key, token = token.get());
-        logged(self.inner.complete(key, token, outcome, retention)).instrument(span)
+        let span = tracing::debug_span!("store", operation = "complete", %key, token = token.get(), outcome = tracing::field::Empty);
+        logged(
+            self.inner.complete(key, token, outcome, retention),
+            Fenced::is_stale,
+        )
+        .instrument(span)
     }
 
     fn release(
@@ -69,8 +90,8 @@ impl<S: Store> StoreWrapper for Traced<S> {
         key: &Key,
         token: FencingToken,
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
-        let span = tracing::debug_span!("store", operation = "release", %key, token = token.get());
-        logged(self.inner.release(key, token)).instrument(span)
+        let span = tracing::debug_span!("store", operation = "release", %key, token = token.get(), outcome = tracing::field::Empty);
+        logged(self.inner.release(key, token), Fenced::is_stale).instrument(span)
     }
 
     fn extend(
@@ -79,37 +100,48 @@ impl<S: Store> StoreWrapper for Traced<S> {
         token: FencingToken,
         lease: Lease,
     ) -> impl Future<Output = Result<Fenced<Timestamp>, StoreError>> + Send {
-        let span = tracing::debug_span!("store", operation = "extend", %key, token = token.get());
-        logged(self.inner.extend(key, token, lease)).instrument(span)
+        let span = tracing::debug_span!("store", operation = "extend", %key, token = token.get(), outcome = tracing::field::Empty);
+        logged(self.inner.extend(key, token, lease), Fenced::is_stale).instrument(span)
     }
 
     fn get(&self, key: &Key) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
-        let span = tracing::debug_span!("store", operation = "get", %key);
-        logged(self.inner.get(key)).instrument(span)
+        let span =
+            tracing::debug_span!("store", operation = "get", %key, outcome = tracing::field::Empty);
+        logged(self.inner.get(key), never).instrument(span)
     }
 
     fn begin_many(
         &self,
         items: &[BeginItem],
     ) -> impl Future<Output = Result<Vec<Begin>, StoreError>> + Send {
-        let span = tracing::debug_span!("store", operation = "begin_many", items = items.len());
-        logged(self.inner.begin_many(items)).instrument(span)
+        let span = tracing::debug_span!(
+            "store",
+            operation = "begin_many",
+            items = items.len(),
+            outcome = tracing::field::Empty
+        );
+        logged(self.inner.begin_many(items), never).instrument(span)
     }
 
     fn complete_many(
         &self,
         items: &[CompleteItem],
     ) -> impl Future<Output = Result<Vec<Fenced>, StoreError>> + Send {
-        let span = tracing::debug_span!("store", operation = "complete_many", items = items.len());
-        logged(self.inner.complete_many(items)).instrument(span)
+        let span = tracing::debug_span!(
+            "store",
+            operation = "complete_many",
+            items = items.len(),
+            outcome = tracing::field::Empty
+        );
+        logged(self.inner.complete_many(items), never).instrument(span)
     }
 
     fn scan(
         &self,
         query: &ScanQuery,
     ) -> impl Future<Output = Result<Vec<Entry>, StoreError>> + Send {
-        let span = tracing::debug_span!("store", operation = "scan", namespace = %query.namespace);
-        logged(self.inner.scan(query)).instrument(span)
+        let span = tracing::debug_span!("store", operation = "scan", namespace = %query.namespace, outcome = tracing::field::Empty);
+        logged(self.inner.scan(query), never).instrument(span)
     }
 }
 

@@ -12,7 +12,6 @@ use clap::Args;
 use idem_consumer::{Backoff, KeyFrom, Readiness, Report, Runner, Source};
 use idem_core::{Guard, Lease, Namespace, SharedStore};
 use idem_http::gateway::ReleasePolicy;
-use metrics_exporter_prometheus::PrometheusBuilder;
 use tokio_util::sync::CancellationToken;
 
 use self::http::{DEFAULT_DEAD_LETTER_STATUS, DEFAULT_PAUSE_STATUS, HttpHandler, Statuses};
@@ -311,9 +310,7 @@ pub async fn run(args: ConsumeArgs) -> Result<(), Failure> {
     let file = read_file(args.store.config.as_deref())?;
     let settings = resolve(args, &file)?;
     init_logging(&settings.store.log)?;
-    let metrics = PrometheusBuilder::new()
-        .install_recorder()
-        .map_err(|e| Failure::Run(format!("metrics: {e}")))?;
+    let metrics = crate::prometheus()?;
     let store = store_url::open(&settings.store).await?;
     let shutdown = CancellationToken::new();
     {
