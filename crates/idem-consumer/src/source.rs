@@ -91,6 +91,18 @@ pub trait Source: Send + Sync + 'static {
         Capabilities::default()
     }
 
+    /// How many messages wait at the broker for this consumer (published,
+    /// not yet delivered to it), for the gauge
+    /// `idem_consumer_lag{namespace}` the runner keeps; `None` where the
+    /// broker does not tell (the default).
+    ///
+    /// # Cancel safety
+    ///
+    /// A read: dropping it loses nothing.
+    fn lag(&self) -> impl Future<Output = Result<Option<u64>, SourceError>> + Send {
+        async { Ok(None) }
+    }
+
     /// Stops handing out messages of `lane` (a partition) until
     /// [`resume_lane`](Source::resume_lane): the runner calls it while a
     /// message of that lane waits in place, so the messages behind it stay

@@ -201,6 +201,10 @@ impl<S: Source> Source for Timed<S> {
         self.inner.name()
     }
 
+    async fn lag(&self) -> Result<Option<u64>, SourceError> {
+        self.inner.lag().await
+    }
+
     async fn fetch(&self, max: usize) -> Result<Vec<Delivery<Self::Receipt>>, SourceError> {
         let got = self.inner.fetch(max).await?;
         let now = Instant::now();

@@ -197,6 +197,16 @@ async fn retries_and_dead_letters() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lag_counts_waiting_messages() {
+    let Some(rabbit) = Rabbit::new("lag").await else {
+        return;
+    };
+    let (url, queue) = (rabbit.url.clone(), rabbit.queue.clone());
+    consume::lag_counts_waiting_messages(rabbit).await;
+    Rabbit::delete(url, queue).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_replay_after_a_fix() {
     let Some(rabbit) = Rabbit::new("dlq").await else {
         return;

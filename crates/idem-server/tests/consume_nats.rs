@@ -115,6 +115,14 @@ async fn nats_retries_then_dead_letters_with_headers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_lag_counts_waiting_messages() {
+    let Some(nats) = Nats::new("lag").await else {
+        return;
+    };
+    consume::lag_counts_waiting_messages(nats).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_dead_letters_replay_after_a_fix() {
     let Some(nats) = Nats::new("dlq").await else {
         return;

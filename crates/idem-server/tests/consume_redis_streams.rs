@@ -140,6 +140,13 @@ async fn failures_are_retried_then_dead_lettered_with_headers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lag_counts_waiting_messages() {
+    if let Some(b) = RedisStreams::new().await {
+        consume::lag_counts_waiting_messages(b).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_replay_after_a_fix() {
     if let Some(b) = RedisStreams::new().await {
         consume::dead_letters_replay_after_a_fix(b).await;

@@ -125,6 +125,14 @@ async fn rocketmq_retries_then_dead_letters_with_headers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rocketmq_lag_counts_waiting_messages() {
+    let Some(broker) = RocketMq::new("lag").await else {
+        return;
+    };
+    consume::lag_counts_waiting_messages(broker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rocketmq_dead_letters_replay_after_a_fix() {
     let Some(broker) = RocketMq::new("dlq").await else {
         return;

@@ -311,6 +311,32 @@ impl Source for AmqpSource {
         Capabilities::default().max_hold(self.inner.config.max_hold_limit())
     }
 
+    /// The work queue's ready messages (`queue.declare` passive, on a
+    /// channel of its own).
+    async fn lag(&self) -> Result<Option<u64>, SourceError> {
+        let link = match self.inner.live.lock().await.as_ref() {
+            Some(live) => live.link.clone(),
+            None => {
+                return Err(SourceError::new(
+                    "reading the work queue's depth",
+                    "not connected now; the next fetch reconnects",
+                ));
+            }
+        };
+        let queue = self.inner.config.queue();
+        let fail = |e: lapin::Error| SourceError::new(format!("reading the depth of `{queue}`"), e);
+        let channel = link.connection.create_channel().await.map_err(fail)?;
+        let passive = lapin::options::QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let declared = channel
+            .queue_declare(queue.into(), passive, lapin::types::FieldTable::default())
+            .await;
+        let _ = channel.close(200, "OK".into()).await;
+        Ok(Some(u64::from(declared.map_err(fail)?.message_count())))
+    }
+
     /// Waits up to half a second for a first message, then takes what else
     /// is buffered, up to `max`. After the connection or channel was lost,
     /// connects again first (the runner calls again with backoff while that

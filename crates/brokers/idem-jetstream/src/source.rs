@@ -362,6 +362,20 @@ impl Source for JetStreamSource {
         &self.inner.stream
     }
 
+    /// The durable consumer's pending messages (`num_pending`: stored,
+    /// not yet delivered to it).
+    async fn lag(&self) -> Result<Option<u64>, SourceError> {
+        let info = self
+            .inner
+            .consumer
+            .clone()
+            .info()
+            .await
+            .map_err(|e| SourceError::new("reading the consumer's pending count", e))?
+            .clone();
+        Ok(Some(info.num_pending))
+    }
+
     /// Dropping the future mid-pull leaves the messages of that request
     /// unacknowledged: the server redelivers them after AckWait.
     async fn fetch(&self, max: usize) -> Result<Vec<Delivery<Receipt>>, SourceError> {

@@ -275,15 +275,29 @@ impl ClientContext for Context {
         let mut state = self.shared.state.lock();
         for (topic, t) in &statistics.topics {
             for (&partition, p) in &t.partitions {
-                if partition < 0 || p.consumer_lag < 0 {
+                // What is not yet finished: past the offset the source
+                // stored for its last finished message, else past the
+                // last commit, else the whole partition (nothing finished
+                // here yet). Messages fetched into the runner but not
+                // finished count, as they would come again after a crash.
+                let lag = if p.consumer_lag_stored >= 0 {
+                    p.consumer_lag_stored
+                } else if p.committed_offset >= 0 && p.hi_offset >= 0 {
+                    p.hi_offset - p.committed_offset
+                } else if p.hi_offset >= 0 && p.lo_offset >= 0 {
+                    p.hi_offset - p.lo_offset
+                } else {
+                    continue;
+                };
+                if partition < 0 || lag < 0 {
                     continue;
                 }
                 let tp = (self.shared.topic(topic), partition);
                 if !state.partitions.contains_key(&tp) {
                     continue;
                 }
-                lag_gauge(group, topic, partition).set(p.consumer_lag as f64);
-                state.lag.insert(tp, p.consumer_lag);
+                lag_gauge(group, topic, partition).set(lag as f64);
+                state.lag.insert(tp, lag);
             }
         }
     }

@@ -59,9 +59,11 @@ const REWRITE_MAX: Duration = Duration::from_secs(60);
 ///   stay uncommitted but are not waited for: [`close`](KafkaSource::close)
 ///   waits only for messages still in a handler.
 /// - **Lag**: the gauge `idem_kafka_consumer_lag{group,topic,partition}`,
-///   from librdkafka's statistics (every 5 s unless
-///   `statistics.interval.ms` is set; 0 once the partition is revoked),
-///   and [`lag`](KafkaSource::lag).
+///   the messages of each assigned partition not yet finished (past the
+///   offset stored for the last finished one), from librdkafka's
+///   statistics (every 5 s unless `statistics.interval.ms` is set; 0 once
+///   the partition is revoked), and their sum as
+///   [`lag`](Source::lag).
 /// - **Memory**: the buffer of polled messages is bounded (see
 ///   [`KafkaConfig::concurrency`]); with partition lanes,
 ///   [`pause_lane`](Source::pause_lane) pauses the partition at the broker.
@@ -310,6 +312,20 @@ impl Source for KafkaSource {
 
     fn name(&self) -> &str {
         &self.inner.shared.config.topic
+    }
+
+    /// The sum of the assigned partitions' lag, from librdkafka's last
+    /// statistics (`statistics.interval.ms`): the gauge
+    /// `idem_kafka_consumer_lag` has it per partition.
+    async fn lag(&self) -> Result<Option<u64>, SourceError> {
+        let state = self.inner.shared.state.lock();
+        Ok(Some(
+            state
+                .lag
+                .values()
+                .map(|&n| u64::try_from(n).unwrap_or(0))
+                .sum(),
+        ))
     }
 
     /// # Cancel safety

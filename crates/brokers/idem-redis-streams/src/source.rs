@@ -423,6 +423,40 @@ impl RedisStreamSource {
     }
 }
 
+/// Group `group`'s `lag` in an `XINFO GROUPS` answer (a list of maps, or
+/// of flat field-value lists on RESP2): `Ok(None)` when Redis has no such
+/// field (before 7.0), an error when it cannot count it now or the group
+/// is missing.
+fn group_lag(groups: &Value, group: &str) -> Result<Option<u64>, &'static str> {
+    let Value::Array(groups) = groups else {
+        return Err("XINFO GROUPS answered something else than a list");
+    };
+    for g in groups {
+        let pairs: Vec<(&Value, &Value)> = match g {
+            Value::Map(m) => m.iter().map(|(k, v)| (k, v)).collect(),
+            Value::Array(flat) => flat.chunks_exact(2).map(|p| (&p[0], &p[1])).collect(),
+            _ => continue,
+        };
+        let field = |name: &str| {
+            pairs
+                .iter()
+                .find(|(k, _)| entry::text(k).as_deref() == Some(name))
+                .map(|(_, v)| *v)
+        };
+        if field("name").and_then(entry::text).as_deref() != Some(group) {
+            continue;
+        }
+        return match field("lag") {
+            None => Ok(None),
+            Some(lag) => entry::int(lag)
+                .and_then(|n| u64::try_from(n).ok())
+                .map(Some)
+                .ok_or("Redis cannot count the group's lag now (entries were deleted)"),
+        };
+    }
+    Err("the group is missing")
+}
+
 /// The fields of a copy of an entry with `fields`: the entry's, less those
 /// named in `idem` (which replace them), then `idem`'s, escaped by
 /// `copy_headers`. A field name need not be UTF-8: the original's are
@@ -504,6 +538,20 @@ impl Source for RedisStreamSource {
 
     fn name(&self) -> &str {
         &self.inner.stream
+    }
+
+    /// The group's `lag` as `XINFO GROUPS` tells it (Redis 7.0 or later:
+    /// entries not yet delivered to the group); `None` on an older Redis.
+    async fn lag(&self) -> Result<Option<u64>, SourceError> {
+        let i = &self.inner;
+        let groups: Value = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(&i.stream)
+            .query_async(&mut i.conn.clone())
+            .await
+            .map_err(|e| SourceError::new(format!("reading the lag of group {}", i.group), e))?;
+        group_lag(&groups, &i.group)
+            .map_err(|why| SourceError::new(format!("reading the lag of group {}", i.group), why))
     }
 
     /// First entries other consumers left idle longer than the claim idle

@@ -85,6 +85,10 @@ struct Inner {
     /// Verdicts held back by `requeue` until shutdown.
     held: Mutex<Vec<oneshot::Sender<Verdict>>>,
     host: Arc<ClientHost>,
+    /// The name servers, for the lag's admin client.
+    name_servers: String,
+    /// The admin client that reads the group's lag, started on first use.
+    monitor: tokio::sync::OnceCell<crate::RocketMqMonitor>,
 }
 
 /// A message from the listener, and where its verdict goes.
@@ -218,6 +222,8 @@ impl RocketMqSource {
                 publisher,
                 held: Mutex::new(Vec::new()),
                 host,
+                name_servers: config.name_servers.clone(),
+                monitor: tokio::sync::OnceCell::new(),
             }),
         })
     }
@@ -426,6 +432,22 @@ impl Source for RocketMqSource {
 
     fn name(&self) -> &str {
         &self.inner.topic
+    }
+
+    /// The group's backlog as the brokers count it (see
+    /// [`RocketMqMonitor::backlog`](crate::RocketMqMonitor::backlog)), read
+    /// by an admin client started on first use.
+    async fn lag(&self) -> Result<Option<u64>, SourceError> {
+        let i = &self.inner;
+        let monitor = i
+            .monitor
+            .get_or_try_init(|| {
+                let url = format!("rocketmq://{}", i.name_servers);
+                Box::pin(async move { crate::RocketMqMonitor::connect(&url).await })
+            })
+            .await
+            .map_err(|e| SourceError::new("starting the admin client that reads the lag", e))?;
+        Box::pin(monitor.backlog(&i.group)).await.map(Some)
     }
 
     /// Dropping the future loses nothing: a message stays in the channel

@@ -280,6 +280,7 @@ where
             readiness: self.readiness,
         });
         let tracker = TaskTracker::new();
+        let lag = tokio::spawn(watch_lag(shared.clone()));
         let fetch_backoff = Backoff {
             initial: Duration::from_millis(100),
             max: Duration::from_secs(5),
@@ -356,6 +357,7 @@ where
                 }
             }
         }
+        lag.abort();
         tracker.close();
         if tokio::time::timeout(self.grace, tracker.wait())
             .await
@@ -444,6 +446,29 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
 /// How long a finished message waits for the rest of its fetched batch
 /// before its completion is stored without them.
 const DEFAULT_COMPLETION_LINGER: Duration = Duration::from_millis(1);
+
+/// How often the runner asks the broker for its lag.
+const LAG_EVERY: Duration = Duration::from_secs(5);
+
+/// Keeps `idem_consumer_lag{namespace}` at the source's lag, asked every
+/// [`LAG_EVERY`], until the source says it cannot tell.
+async fn watch_lag<S, Src, H>(shared: Arc<Shared<S, Src, H>>)
+where
+    S: Store + Clone,
+    Src: Source,
+    H: Handler,
+{
+    let gauge = metrics::gauge!("idem_consumer_lag", "namespace" => shared.namespace.to_string());
+    tracing::debug!("watching the consumer's lag");
+    loop {
+        match shared.source.lag().await {
+            Ok(Some(n)) => gauge.set(n as f64),
+            Ok(None) => return,
+            Err(e) => tracing::debug!(error = %e, "reading the consumer's lag failed"),
+        }
+        tokio::time::sleep(LAG_EVERY).await;
+    }
+}
 
 /// Adds free permits to `held`, up to `batch`.
 fn take_free(permits: &Arc<Semaphore>, held: &mut Vec<OwnedSemaphorePermit>, batch: usize) {

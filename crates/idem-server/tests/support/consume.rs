@@ -651,6 +651,47 @@ pub async fn busy_keys_are_retried_later(broker: impl Broker) {
     assert_eq!(sidecar.terminate().await, 0);
 }
 
+/// With slow handlers and messages waiting, `--metrics-listen` exports
+/// the broker's count of them as `idem_consumer_lag{namespace}`.
+pub async fn lag_counts_waiting_messages(broker: impl Broker) {
+    let Some((_store, store_url)) = store().await else {
+        return;
+    };
+    let sink = Sink::default();
+    let to = sink.serve().await;
+    broker
+        .publish(&messages((0..40).map(|i| format!("slow-{i:02}"))))
+        .await;
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let sidecar = start(&args(
+        &broker,
+        &to,
+        &store_url,
+        &["--metrics-listen", &metrics, "--concurrency", "1"],
+    ))
+    .await;
+    let series = format!("idem_consumer_lag{{namespace=\"{}\"}}", broker.name());
+    let mut seen = 0.0;
+    let mut last = String::new();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while seen < 10.0 {
+        assert!(
+            Instant::now() < deadline,
+            "no lag of 10 or more in:\n{last}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let text = super::get(&format!("http://{metrics}/metrics")).await;
+        last = String::from_utf8_lossy(&text.body).into_owned();
+        seen = last
+            .lines()
+            .find(|l| l.starts_with(&series))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0);
+    }
+    assert!(seen <= 40.0, "at most what was published: {seen}");
+    assert_eq!(sidecar.terminate().await, 0);
+}
+
 /// SIGTERM while a handler works: it finishes, the message is acked, the
 /// sidecar exits 0.
 pub async fn sigterm_finishes_work_in_flight(broker: impl Broker) {
