@@ -204,6 +204,10 @@ pub struct FileSettings {
     pub release_status: Option<String>,
     /// `proxy` only.
     pub max_response_bytes: Option<usize>,
+    /// `proxy` only.
+    pub upstream_ca_cert: Option<PathBuf>,
+    /// `proxy` only.
+    pub upstream_http2: Option<bool>,
     /// `consume` only.
     pub from: Option<String>,
     /// `consume` only.

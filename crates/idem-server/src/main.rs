@@ -139,6 +139,8 @@ pub fn prometheus() -> Result<metrics_exporter_prometheus::PrometheusHandle, Fai
         .map_err(metric)?
         .set_buckets_for_metric(Matcher::Full("idem_store_call_seconds".into()), FAST)
         .map_err(metric)?
+        .set_buckets_for_metric(Matcher::Full("idem_proxy_upstream_seconds".into()), FAST)
+        .map_err(metric)?
         .install_recorder()
         .map_err(metric)
 }

@@ -11,6 +11,7 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use http::uri::{Authority, Scheme, Uri};
 use http::{HeaderValue, Request, Response, StatusCode, header};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -30,9 +31,26 @@ pub struct ProxyArgs {
     /// Address to listen on [default: 127.0.0.1:7701].
     #[arg(long, env = "IDEM_LISTEN", value_name = "ADDR")]
     pub listen: Option<String>,
-    /// The service to protect, e.g. http://127.0.0.1:8080 (required).
+    /// The service to protect, e.g. http://127.0.0.1:8080 or
+    /// https://api.internal (required). HTTPS upstreams are checked against
+    /// the system's roots, or --upstream-ca-cert, and speak HTTP/2 when
+    /// they offer it.
     #[arg(long, env = "IDEM_UPSTREAM", value_name = "URL")]
     pub upstream: Option<String>,
+    /// A PEM file of the certificate authorities an https:// upstream's
+    /// certificate must chain to, instead of the system's roots (a private
+    /// CA).
+    #[arg(long, env = "IDEM_UPSTREAM_CA_CERT", value_name = "FILE")]
+    pub upstream_ca_cert: Option<std::path::PathBuf>,
+    /// Speak HTTP/2 to an http:// upstream (prior knowledge, h2c); an
+    /// https:// upstream gets HTTP/2 whenever it offers it.
+    #[arg(long, env = "IDEM_UPSTREAM_HTTP2")]
+    pub upstream_http2: bool,
+    /// Serve the proxy's Prometheus metrics (GET /metrics) on this address,
+    /// e.g. 127.0.0.1:9465 [default: off]; every path of --listen goes to
+    /// the upstream.
+    #[arg(long, env = "IDEM_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
     /// Refuse POST and PATCH requests without an Idempotency-Key (400).
     #[arg(long, env = "IDEM_REQUIRE_KEY", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub require_key: Option<bool>,
@@ -85,7 +103,20 @@ pub async fn run(args: ProxyArgs) -> Result<(), Failure> {
             "give the service to protect: --upstream http://HOST:PORT",
         )
     })?;
-    let upstream = Upstream::parse(&upstream_text)?;
+    let ca = args.upstream_ca_cert.or(file.upstream_ca_cert.clone());
+    let upstream = Upstream::parse(
+        &upstream_text,
+        ca.as_deref(),
+        args.upstream_http2 || file.upstream_http2.unwrap_or(false),
+    )?;
+    let metrics_listen = args
+        .metrics_listen
+        .or(file.metrics_listen.clone())
+        .map(|a| {
+            a.parse::<std::net::SocketAddr>()
+                .map_err(|e| bad("metrics_listen", format!("{a:?} is not an address: {e}")))
+        })
+        .transpose()?;
     let require_key = args.require_key.or(file.require_key).unwrap_or(false);
     let keyless_window = args
         .keyless_window_ms
@@ -123,7 +154,11 @@ pub async fn run(args: ProxyArgs) -> Result<(), Failure> {
         .into());
     }
     init_logging(&common.log)?;
+    let metrics = crate::prometheus()?;
     let store = store_url::open(&common).await?;
+    if let Some(addr) = metrics_listen {
+        serve_metrics(addr, metrics).await?;
+    }
     let config = GatewayConfig {
         namespace: Namespace::new("http").expect("a valid namespace"),
         client_scope: Arc::new(scope.unwrap_or_default()),
@@ -161,6 +196,29 @@ pub async fn run(args: ProxyArgs) -> Result<(), Failure> {
 }
 
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// Serves `GET /metrics` and `GET /health` on `addr`, for as long as the
+/// process runs.
+async fn serve_metrics(
+    addr: std::net::SocketAddr,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+) -> Result<(), Failure> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Failure::Run(format!("cannot serve metrics on {addr}: {e}")))?;
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || std::future::ready(metrics.render())),
+        )
+        .route("/health", axum::routing::get(|| std::future::ready("ok")));
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "the metrics listener stopped");
+        }
+    });
+    Ok(())
+}
 
 /// `--scope-header` and `--scope-cookie` (flags and environment, else the
 /// file); `None` when neither is given.
@@ -209,39 +267,139 @@ fn resolve_scope(
 }
 
 /// Forwards requests to the upstream service; a failed connection is an
-/// [`UpstreamError`] (it releases the key), answered 502.
+/// [`UpstreamError`] (it releases the key), answered 502. Each call is
+/// counted by status and timed: `idem_proxy_upstream_requests_total{status}`
+/// (`status` is the upstream's, or `unreachable`) and
+/// `idem_proxy_upstream_seconds`.
 #[derive(Clone)]
 struct Upstream {
     scheme: Scheme,
     authority: Authority,
     base_path: String,
-    client: Client<HttpConnector, GatewayBody>,
+    client: Client<HttpsConnector<HttpConnector>, GatewayBody>,
 }
 
 impl Upstream {
-    fn parse(text: &str) -> Result<Self, crate::config::ConfigError> {
+    fn parse(
+        text: &str,
+        ca: Option<&std::path::Path>,
+        http2: bool,
+    ) -> Result<Self, crate::config::ConfigError> {
         let uri: Uri = text
             .parse()
             .map_err(|e| bad("upstream", format!("{text:?} is not a URL: {e}")))?;
-        if uri.scheme() != Some(&Scheme::HTTP) {
+        let scheme = match uri.scheme() {
+            Some(s) if *s == Scheme::HTTP || *s == Scheme::HTTPS => s.clone(),
+            _ => {
+                return Err(bad(
+                    "upstream",
+                    format!("{text:?}: give an http:// or https:// URL"),
+                ));
+            }
+        };
+        if ca.is_some() && scheme != Scheme::HTTPS {
             return Err(bad(
-                "upstream",
-                format!("{text:?}: only http:// upstreams are supported"),
+                "upstream_ca_cert",
+                "is for an https:// upstream: give --upstream https://HOST:PORT",
             ));
         }
         let authority = uri
             .authority()
             .cloned()
             .ok_or_else(|| bad("upstream", format!("{text:?} has no host")))?;
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let tls = tls_config(ca)?;
+        let builder = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_all_versions();
+        let connector = builder.wrap_connector(http);
+        let mut client = Client::builder(TokioExecutor::new());
+        if http2 && scheme == Scheme::HTTP {
+            client.http2_only(true);
+        }
         Ok(Self {
-            scheme: Scheme::HTTP,
+            scheme,
             authority,
             base_path: uri.path().trim_end_matches('/').to_owned(),
-            client: Client::builder(TokioExecutor::new()).build(connector),
+            client: client.build(connector),
         })
     }
+}
+
+/// The TLS settings for an https:// upstream: the CAs of `ca`, else the
+/// system's roots.
+fn tls_config(
+    ca: Option<&std::path::Path>,
+) -> Result<rustls::ClientConfig, crate::config::ConfigError> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject as _;
+
+    let mut roots = rustls::RootCertStore::empty();
+    match ca {
+        Some(path) => {
+            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+                .and_then(|i| i.collect())
+                .map_err(|e| {
+                    bad(
+                        "upstream_ca_cert",
+                        format!("cannot read certificates from {}: {e}", path.display()),
+                    )
+                })?;
+            if certs.is_empty() {
+                return Err(bad(
+                    "upstream_ca_cert",
+                    format!("{} holds no PEM certificate", path.display()),
+                ));
+            }
+            for cert in certs {
+                roots.add(cert).map_err(|e| {
+                    bad(
+                        "upstream_ca_cert",
+                        format!(
+                            "a certificate in {} is not a CA idem can use: {e}",
+                            path.display()
+                        ),
+                    )
+                })?;
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            for e in &found.errors {
+                tracing::warn!(error = %e, "reading the system's root certificates");
+            }
+            let (added, _) = roots.add_parsable_certificates(found.certs);
+            if added == 0 {
+                tracing::warn!(
+                    "no system root certificate was found: https:// upstreams will be refused unless --upstream-ca-cert is given"
+                );
+            }
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad("upstream", format!("TLS: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    // ALPN (h2, then http/1.1) is set by the connector.
+    Ok(config)
+}
+
+/// An error and its causes, one line: a TLS failure's reason is in its
+/// source ("certificate unknown"), not in the client's "connect error".
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
 }
 
 /// The upstream could not be reached.
@@ -306,11 +464,24 @@ impl Service<Request<GatewayBody>> for Upstream {
                     .headers
                     .insert(header::TE, HeaderValue::from_static("trailers"));
             }
-            match client.request(Request::from_parts(parts, body)).await {
-                Ok(response) => Ok(response.map(GatewayBody::new)),
+            let started = std::time::Instant::now();
+            let answer = client.request(Request::from_parts(parts, body)).await;
+            metrics::histogram!("idem_proxy_upstream_seconds").record(started.elapsed());
+            match answer {
+                Ok(response) => {
+                    metrics::counter!(
+                        "idem_proxy_upstream_requests_total",
+                        "status" => response.status().as_str().to_owned()
+                    )
+                    .increment(1);
+                    Ok(response.map(GatewayBody::new))
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "upstream request failed");
-                    Err(UpstreamError(e.to_string()))
+                    metrics::counter!("idem_proxy_upstream_requests_total", "status" => "unreachable")
+                        .increment(1);
+                    let why = error_chain(&e);
+                    tracing::warn!(error = %why, "upstream request failed");
+                    Err(UpstreamError(why))
                 }
             }
         })
