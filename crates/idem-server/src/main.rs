@@ -145,6 +145,40 @@ pub fn prometheus() -> Result<metrics_exporter_prometheus::PrometheusHandle, Fai
         .map_err(metric)
 }
 
+/// An error and its causes, one line: a TLS failure's reason is in its
+/// source ("certificate unknown"), not in the client's "connect error".
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// Serves `app` on `addr` (metrics, health) beside a command's main work,
+/// until `shutdown`.
+pub async fn listen_beside(
+    addr: std::net::SocketAddr,
+    app: axum::Router,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> Result<(), Failure> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Failure::Run(format!("cannot serve metrics on {addr}: {e}")))?;
+    tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "the metrics listener stopped");
+        }
+    });
+    Ok(())
+}
+
 /// Why a command stopped.
 pub enum Failure {
     /// Bad settings: nothing was started.

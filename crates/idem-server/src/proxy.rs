@@ -203,21 +203,13 @@ async fn serve_metrics(
     addr: std::net::SocketAddr,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
 ) -> Result<(), Failure> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| Failure::Run(format!("cannot serve metrics on {addr}: {e}")))?;
     let app = axum::Router::new()
         .route(
             "/metrics",
             axum::routing::get(move || std::future::ready(metrics.render())),
         )
         .route("/health", axum::routing::get(|| std::future::ready("ok")));
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "the metrics listener stopped");
-        }
-    });
-    Ok(())
+    crate::listen_beside(addr, app, tokio_util::sync::CancellationToken::new()).await
 }
 
 /// `--scope-header` and `--scope-cookie` (flags and environment, else the
@@ -389,19 +381,6 @@ fn tls_config(
     Ok(config)
 }
 
-/// An error and its causes, one line: a TLS failure's reason is in its
-/// source ("certificate unknown"), not in the client's "connect error".
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
-}
-
 /// The upstream could not be reached.
 struct UpstreamError(String);
 
@@ -479,7 +458,7 @@ impl Service<Request<GatewayBody>> for Upstream {
                 Err(e) => {
                     metrics::counter!("idem_proxy_upstream_requests_total", "status" => "unreachable")
                         .increment(1);
-                    let why = error_chain(&e);
+                    let why = crate::error_chain(&e);
                     tracing::warn!(error = %why, "upstream request failed");
                     Err(UpstreamError(why))
                 }

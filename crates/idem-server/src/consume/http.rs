@@ -14,6 +14,8 @@ use idem_core::ClaimHandle;
 use idem_http::gateway::ReleasePolicy;
 use serde_json::json;
 
+use crate::error_chain;
+
 /// POSTs each message to `to` and reads the answer (docs/contract.md §7:
 /// the handler gets the key and the fencing token, so it can refuse a
 /// second effect itself).
@@ -261,17 +263,6 @@ fn outcome(status: StatusCode, headers: &HeaderMap, body: Result<Bytes, String>)
         }
     };
     Bytes::from(value.to_string())
-}
-
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 #[cfg(test)]

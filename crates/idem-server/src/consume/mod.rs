@@ -417,9 +417,6 @@ async fn serve_metrics(
     readiness: Arc<OnceLock<Readiness>>,
     shutdown: CancellationToken,
 ) -> Result<(), Failure> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| Failure::Run(format!("cannot serve metrics on {addr}: {e}")))?;
     let app = axum::Router::new()
         .route(
             "/metrics",
@@ -440,13 +437,5 @@ async fn serve_metrics(
                 std::future::ready(answer)
             }),
         );
-    tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "the metrics listener stopped");
-        }
-    });
-    Ok(())
+    crate::listen_beside(addr, app, shutdown).await
 }
