@@ -1,6 +1,7 @@
 //! `idem consume --from rocketmq://…` against the real broker: the shared
 //! scenarios (crash and duplicates, retries and dead letters, busy keys,
 //! SIGTERM).
+#![cfg(feature = "rocketmq")]
 
 mod support;
 // The RocketMQ crate's own test fixture: a topic and a group of the test's

@@ -35,11 +35,32 @@ pub fn check(from: &str) -> Result<(), ConfigError> {
             idem_kafka::KafkaConfig::from_url(from).map_err(|e| bad("from", e.to_string()))?;
         }
         Ok(())
+    } else if let Some(feature) = feature_of(scheme) {
+        Err(bad(
+            "from",
+            format!(
+                "{scheme}:// sources are not in this build of idem: build it with \
+                 `cargo build --release --features {feature}` (or `--features full` for every \
+                 broker)"
+            ),
+        ))
     } else {
         Err(bad(
             "from",
-            format!("{scheme}:// sources are not supported by this build; {FORMS}"),
+            format!("{scheme}:// sources are not supported; {FORMS}"),
         ))
+    }
+}
+
+/// The cargo feature that brings `scheme`'s broker into the build.
+fn feature_of(scheme: &str) -> Option<&'static str> {
+    match scheme {
+        "amqp" | "amqps" => Some("amqp"),
+        "nats" | "tls" => Some("jetstream"),
+        "redis" | "rediss" => Some("redis-streams"),
+        "kafka" => Some("kafka"),
+        "rocketmq" => Some("rocketmq"),
+        _ => None,
     }
 }
 
