@@ -74,7 +74,11 @@ struct Report {
 }
 
 impl Report {
-    fn say(&mut self, finding: Finding) {
+    /// Prints one check. Its text may quote what a server answered (an
+    /// error, a setting): control characters are escaped.
+    fn say(&mut self, mut finding: Finding) {
+        finding.detail = shown(finding.detail.as_bytes());
+        finding.fix = finding.fix.map(|f| shown(f.as_bytes()));
         self.failed |= finding.severity == Severity::Fail;
         let status = match finding.severity {
             Severity::Ok => "ok",

@@ -204,6 +204,81 @@ pub async fn purge_of_thousands_runs_in_batches<S: Store + Admin + Clone>(s: &Su
     assert_eq!(s.store.stats(&ns).await.unwrap(), NamespaceStats::default());
 }
 
+/// A purge dropped part way (after one poll, and after its first batch)
+/// leaves every key usable, and running it again finishes the job.
+pub async fn purge_dropped_part_way_leaves_keys_usable<S: Store + Admin + Clone>(s: &Subject<S>) {
+    const RECORDS: usize = 3_000;
+    let ns = namespace(s, "dropped");
+    let keys: Vec<Key> = (0..RECORDS)
+        .map(|i| key(&ns, &format!("k{i:05}")))
+        .collect();
+    let batch = s.store.limits().max_batch.min(500);
+    for chunk in keys.chunks(batch) {
+        let items: Vec<BeginItem> = chunk
+            .iter()
+            .map(|k| BeginItem {
+                key: k.clone(),
+                fingerprint: None,
+                lease: Lease::new(s.steps(600)),
+            })
+            .collect();
+        let claims = s.store.begin_many(&items).await.unwrap();
+        let done: Vec<CompleteItem> = chunk
+            .iter()
+            .zip(claims)
+            .map(|(k, b)| CompleteItem {
+                key: k.clone(),
+                token: acquired(b).token,
+                outcome: None,
+                retention: s.steps(600),
+            })
+            .collect();
+        s.store.complete_many(&done).await.unwrap();
+    }
+    // Dropped after one poll.
+    crate::cancel::DropPoint::AfterPolls(1)
+        .run(s.store.purge(&ns, Purge::All, &|_| {}))
+        .await;
+    // Dropped once its first batch is reported.
+    {
+        let first = std::sync::Arc::new(tokio::sync::Notify::new());
+        let told = first.clone();
+        let progress = move |n: u64| {
+            if n > 0 {
+                told.notify_one();
+            }
+        };
+        let purge = s.store.purge(&ns, Purge::All, &progress);
+        tokio::select! {
+            _ = purge => {}
+            () = first.notified() => {}
+        }
+    }
+    // Every key answers: completed if its record is left, acquired if not;
+    // never an error, never a claim nobody holds.
+    for k in keys.iter().step_by(97) {
+        match s
+            .store
+            .begin(k, None, Lease::new(s.steps(600)))
+            .await
+            .unwrap()
+        {
+            idem_core::Begin::Completed { .. } => {}
+            idem_core::Begin::Acquired(c) => {
+                let released = s.store.release(k, c.token).await.unwrap();
+                assert_eq!(released, Fenced::Ok(()), "{k}");
+            }
+            other => panic!("{k}: {other:?}"),
+        }
+    }
+    s.store.purge(&ns, Purge::All, &|_| {}).await.unwrap();
+    assert_eq!(
+        s.store.stats(&ns).await.unwrap(),
+        NamespaceStats::default(),
+        "running it again finishes the job"
+    );
+}
+
 /// `size` answers, and says what it measured.
 pub async fn size_says_what_it_measures<S: Store + Admin + Clone>(s: &Subject<S>) {
     crate::cases::deliver(&s.store, &key(&namespace(s, "size"), "k"), "v").await;
@@ -224,6 +299,7 @@ macro_rules! admin_conformance_tests {
             purge_expired_changes_nothing_callers_see,
             purge_all_empties_the_namespace_and_fencing_holds,
             purge_of_thousands_runs_in_batches,
+            purge_dropped_part_way_leaves_keys_usable,
             size_says_what_it_measures,
         );
     };
