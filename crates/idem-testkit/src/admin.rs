@@ -59,6 +59,43 @@ fn live_counts(stats: &NamespaceStats) -> (u64, u64, u64) {
     (stats.in_progress, stats.abandoned, stats.completed)
 }
 
+/// Claims `records` keys of `ns` in batches, completing every `every`th;
+/// answers the keys.
+async fn claim_all<S: Store + Clone>(
+    s: &Subject<S>,
+    ns: &Namespace,
+    records: usize,
+    every: usize,
+) -> Vec<Key> {
+    let lease = Lease::new(s.steps(600));
+    let batch = s.store.limits().max_batch.min(500);
+    let keys: Vec<Key> = (0..records).map(|i| key(ns, &format!("k{i:05}"))).collect();
+    for chunk in keys.chunks(batch) {
+        let items: Vec<BeginItem> = chunk
+            .iter()
+            .map(|k| BeginItem {
+                key: k.clone(),
+                fingerprint: None,
+                lease,
+            })
+            .collect();
+        let claims = s.store.begin_many(&items).await.unwrap();
+        let done: Vec<CompleteItem> = chunk
+            .iter()
+            .zip(claims)
+            .step_by(every)
+            .map(|(k, b)| CompleteItem {
+                key: k.clone(),
+                token: acquired(b).token,
+                outcome: None,
+                retention: s.steps(600),
+            })
+            .collect();
+        s.store.complete_many(&done).await.unwrap();
+    }
+    keys
+}
+
 /// `stats` counts each state, and dates the oldest claim in progress.
 pub async fn stats_count_each_state<S: Store + Admin + Clone>(s: &Subject<S>) {
     let ns = namespace(s, "stats");
@@ -155,35 +192,8 @@ pub async fn purge_all_empties_the_namespace_and_fencing_holds<S: Store + Admin 
 pub async fn purge_of_thousands_runs_in_batches<S: Store + Admin + Clone>(s: &Subject<S>) {
     const RECORDS: usize = 5_000;
     let ns = namespace(s, "many");
-    let lease = Lease::new(s.steps(600));
-    let batch = s.store.limits().max_batch.min(500);
-    let keys: Vec<Key> = (0..RECORDS)
-        .map(|i| key(&ns, &format!("k{i:05}")))
-        .collect();
-    for chunk in keys.chunks(batch) {
-        let items: Vec<BeginItem> = chunk
-            .iter()
-            .map(|k| BeginItem {
-                key: k.clone(),
-                fingerprint: None,
-                lease,
-            })
-            .collect();
-        let claims = s.store.begin_many(&items).await.unwrap();
-        // Half completed, half left in progress.
-        let done: Vec<CompleteItem> = chunk
-            .iter()
-            .zip(claims)
-            .step_by(2)
-            .map(|(k, b)| CompleteItem {
-                key: k.clone(),
-                token: acquired(b).token,
-                outcome: None,
-                retention: s.steps(600),
-            })
-            .collect();
-        s.store.complete_many(&done).await.unwrap();
-    }
+    // Half completed, half left in progress.
+    claim_all(s, &ns, RECORDS, 2).await;
     let stats = s.store.stats(&ns).await.unwrap();
     assert_eq!(
         (stats.in_progress, stats.completed),
@@ -209,32 +219,7 @@ pub async fn purge_of_thousands_runs_in_batches<S: Store + Admin + Clone>(s: &Su
 pub async fn purge_dropped_part_way_leaves_keys_usable<S: Store + Admin + Clone>(s: &Subject<S>) {
     const RECORDS: usize = 3_000;
     let ns = namespace(s, "dropped");
-    let keys: Vec<Key> = (0..RECORDS)
-        .map(|i| key(&ns, &format!("k{i:05}")))
-        .collect();
-    let batch = s.store.limits().max_batch.min(500);
-    for chunk in keys.chunks(batch) {
-        let items: Vec<BeginItem> = chunk
-            .iter()
-            .map(|k| BeginItem {
-                key: k.clone(),
-                fingerprint: None,
-                lease: Lease::new(s.steps(600)),
-            })
-            .collect();
-        let claims = s.store.begin_many(&items).await.unwrap();
-        let done: Vec<CompleteItem> = chunk
-            .iter()
-            .zip(claims)
-            .map(|(k, b)| CompleteItem {
-                key: k.clone(),
-                token: acquired(b).token,
-                outcome: None,
-                retention: s.steps(600),
-            })
-            .collect();
-        s.store.complete_many(&done).await.unwrap();
-    }
+    let keys = claim_all(s, &ns, RECORDS, 1).await;
     // Dropped after one poll.
     crate::cancel::DropPoint::AfterPolls(1)
         .run(s.store.purge(&ns, Purge::All, &|_| {}))
