@@ -386,7 +386,9 @@ async fn replay(args: ReplayArgs) -> Result<(), Failure> {
     let records = store
         .as_ref()
         .map(|s| (s.store.clone(), s.description.clone()));
+    let bar = crate::ops::spinner(format!("replaying from {}:", shown(q.name().as_bytes())));
     let check = |p: &Parked| {
+        bar.inc(1);
         let p = p.clone();
         let store = records.clone();
         let namespace = namespace.clone();
@@ -423,6 +425,7 @@ async fn replay(args: ReplayArgs) -> Result<(), Failure> {
     let result = q
         .replay(&choose, args.limit.unwrap_or(usize::MAX), &check)
         .await;
+    bar.finish_and_clear();
     if let Some(store) = store {
         store.close().await;
     }

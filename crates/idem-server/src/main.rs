@@ -15,14 +15,19 @@
 //!   here, each problem with its fix.
 //! - `idem migrate --store URL`, `idem sweep --store URL`: upkeep of an SQL
 //!   store's tables.
+//! - `idem health`, `idem completions SHELL`, `idem man`: the container's
+//!   health check, shell completions and manual pages.
 
 mod config;
 mod consume;
 mod dlq;
 mod doctor;
+mod health;
+mod manual;
 mod ops;
 mod proxy;
 mod serve;
+mod status;
 mod store_url;
 mod tiered;
 #[cfg(feature = "sql")]
@@ -39,7 +44,7 @@ use clap::{Parser, Subcommand};
     about = "Make at-least-once delivery safe: however often a request or message arrives, its effect happens once.",
     long_about = None,
 )]
-struct Cli {
+pub struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -78,6 +83,13 @@ enum Command {
     /// Delete an SQL store's expired records now, in small batches.
     #[cfg(feature = "sql")]
     Sweep(upkeep::SweepArgs),
+    /// Ask a running idem whether it is ready (exit 0) or not (1): the
+    /// container image's health check.
+    Health(health::HealthArgs),
+    /// Print the completion script for a shell.
+    Completions(manual::CompletionsArgs),
+    /// Print the manual page, or write every page into a directory.
+    Man(manual::ManArgs),
 }
 
 fn main() -> ExitCode {
@@ -108,6 +120,9 @@ fn main() -> ExitCode {
             Command::Migrate(args) => upkeep::migrate(args).await,
             #[cfg(feature = "sql")]
             Command::Sweep(args) => upkeep::sweep(args).await,
+            Command::Health(args) => health::run(args).await,
+            Command::Completions(args) => manual::completions(args),
+            Command::Man(args) => manual::man(args),
         }
     });
     match result {
@@ -124,14 +139,22 @@ fn main() -> ExitCode {
 }
 
 /// The Prometheus recorder every command serving metrics installs, with
-/// latency buckets fit for sub-millisecond calls.
-pub fn prometheus() -> Result<metrics_exporter_prometheus::PrometheusHandle, Failure> {
+/// latency buckets fit for sub-millisecond calls, and beside it the few
+/// metrics the status page charts.
+pub fn prometheus() -> Result<
+    (
+        metrics_exporter_prometheus::PrometheusHandle,
+        status::Watched,
+    ),
+    Failure,
+> {
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    use metrics_util::layers::FanoutBuilder;
     const FAST: &[f64] = &[
         0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
     ];
     let metric = |e| Failure::Run(format!("metrics: {e}"));
-    PrometheusBuilder::new()
+    let prometheus = PrometheusBuilder::new()
         .set_buckets_for_metric(
             Matcher::Full("idem_http_request_duration_seconds".into()),
             FAST,
@@ -141,8 +164,15 @@ pub fn prometheus() -> Result<metrics_exporter_prometheus::PrometheusHandle, Fai
         .map_err(metric)?
         .set_buckets_for_metric(Matcher::Full("idem_proxy_upstream_seconds".into()), FAST)
         .map_err(metric)?
-        .install_recorder()
-        .map_err(metric)
+        .build_recorder();
+    let handle = prometheus.handle();
+    let watched = status::Watched::default();
+    let both = FanoutBuilder::default()
+        .add_recorder(prometheus)
+        .add_recorder(watched.clone())
+        .build();
+    metrics::set_global_recorder(both).map_err(|e| Failure::Run(format!("metrics: {e}")))?;
+    Ok((handle, watched))
 }
 
 /// An error and its causes, one line: a TLS failure's reason is in its

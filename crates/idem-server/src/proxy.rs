@@ -154,7 +154,7 @@ pub async fn run(args: ProxyArgs) -> Result<(), Failure> {
         .into());
     }
     init_logging(&common.log)?;
-    let metrics = crate::prometheus()?;
+    let (metrics, _) = crate::prometheus()?;
     let store = store_url::open(&common).await?;
     if let Some(addr) = metrics_listen {
         serve_metrics(addr, metrics).await?;

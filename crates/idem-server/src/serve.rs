@@ -4,6 +4,7 @@ use clap::Args;
 use idem_http::api::{ApiConfig, ApiState, Detached, router};
 
 use crate::config::{CommonArgs, read_file, resolve_common};
+use crate::status::{self, Status, StoreWatch};
 use crate::{Failure, init_logging, serve_until_signal, store_url};
 
 /// `idem serve`.
@@ -17,6 +18,13 @@ pub struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:7700].
     #[arg(long, env = "IDEM_LISTEN", value_name = "ADDR")]
     pub listen: Option<String>,
+    /// Serve no status page at `/` (nor `/status.json`).
+    #[arg(long)]
+    pub no_status_page: bool,
+    /// The status page lists claims in progress for longer than this as
+    /// stuck: `90s`, `10m`, `2h`.
+    #[arg(long, value_name = "AGE", value_parser = crate::ops::parse_age, default_value = "1m")]
+    pub stuck_after: std::time::Duration,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -35,11 +43,12 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
     let common = resolve_common(args.common, args.listen, "127.0.0.1:7700", &file)?;
     init_logging(&common.log)?;
     // Installed first: the store's metric handles are made as it opens.
-    let metrics = crate::prometheus()?;
+    let (metrics, watched) = crate::prometheus()?;
     let store = store_url::open(&common).await?;
     tracing::info!(store = %store.description, auth = common.auth.is_on(), "starting idem serve");
     let detached = Detached::default();
-    let app = router(ApiState {
+    let status_page = !args.no_status_page;
+    let mut app = router(ApiState {
         store: store.store.clone(),
         config: ApiConfig {
             default_lease: common.default_lease,
@@ -51,6 +60,21 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
         metrics: Some(metrics),
         detached: detached.clone(),
     });
+    if status_page {
+        let watch = StoreWatch::new(
+            store.store.clone(),
+            store.admin.clone(),
+            store.description.clone(),
+            !common.auth.is_on(),
+            args.stuck_after,
+        );
+        app = app.merge(status::router(Status::start(
+            "idem serve",
+            watched,
+            watch,
+            None,
+        )));
+    }
     let served = serve_until_signal(app, &common, "serve").await;
     detached.wait().await;
     store.close().await;

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::http::{DEFAULT_DEAD_LETTER_STATUS, DEFAULT_PAUSE_STATUS, HttpHandler, Statuses};
 use crate::config::{FileSettings, StoreArgs, StoreSettings, bad, read_file, resolve_store};
+use crate::status::{self, Consumer, Status, StoreWatch};
 use crate::{Failure, init_logging, shutdown_signal, store_url};
 
 /// `idem consume`.
@@ -56,10 +57,15 @@ pub struct ConsumeArgs {
     /// RocketMQ: `%DLQ%GROUP`].
     #[arg(long, env = "IDEM_DEAD_LETTER", value_name = "NAME")]
     pub dead_letter: Option<String>,
-    /// Serve Prometheus metrics (GET /metrics), GET /health and GET /ready on this
-    /// address, e.g. 127.0.0.1:9464 [default: off].
+    /// Serve the status page (GET /), Prometheus metrics (GET /metrics),
+    /// GET /health and GET /ready on this address, e.g. 127.0.0.1:9464
+    /// [default: off].
     #[arg(long, env = "IDEM_METRICS_LISTEN", value_name = "ADDR")]
     pub metrics_listen: Option<String>,
+    /// The status page lists claims in progress for longer than this as
+    /// stuck: `90s`, `10m`, `2h`.
+    #[arg(long, value_name = "AGE", value_parser = crate::ops::parse_age, default_value = "1m")]
+    pub stuck_after: Duration,
     /// How long the handler may take to answer, in ms; no answer counts as
     /// a transient failure [default: 30000].
     #[arg(long, env = "IDEM_TIMEOUT_MS", value_name = "MS")]
@@ -141,6 +147,7 @@ struct Settings {
     max_attempts: u32,
     dead_letter: Option<String>,
     metrics_listen: Option<SocketAddr>,
+    stuck_after: Duration,
     timeout: Duration,
     grace: Duration,
     completion_linger: Duration,
@@ -285,6 +292,7 @@ fn resolve(args: ConsumeArgs, file: &FileSettings) -> Result<Settings, crate::co
         max_attempts,
         dead_letter: args.dead_letter.or(file.dead_letter.clone()),
         metrics_listen,
+        stuck_after: args.stuck_after,
         timeout,
         grace,
         completion_linger,
@@ -310,7 +318,7 @@ pub async fn run(args: ConsumeArgs) -> Result<(), Failure> {
     let file = read_file(args.store.config.as_deref())?;
     let settings = resolve(args, &file)?;
     init_logging(&settings.store.log)?;
-    let metrics = crate::prometheus()?;
+    let (metrics, watched) = crate::prometheus()?;
     let store = store_url::open(&settings.store).await?;
     let shutdown = CancellationToken::new();
     {
@@ -322,8 +330,22 @@ pub async fn run(args: ConsumeArgs) -> Result<(), Failure> {
         });
     }
     let readiness = Arc::new(OnceLock::new());
+    let source_name = Arc::new(OnceLock::new());
     if let Some(addr) = settings.metrics_listen {
-        serve_metrics(addr, metrics, readiness.clone(), shutdown.clone()).await?;
+        let watch = StoreWatch::new(
+            store.store.clone(),
+            store.admin.clone(),
+            store.description.clone(),
+            true,
+            settings.stuck_after,
+        );
+        let consumer = Consumer {
+            to: settings.to.to_string(),
+            source: source_name.clone(),
+            readiness: readiness.clone(),
+        };
+        let page = Status::start("idem consume", watched, watch, Some(consumer));
+        serve_metrics(addr, metrics, readiness.clone(), page, shutdown.clone()).await?;
     }
     let job = Job {
         guard: Guard::new(store.store.clone())
@@ -337,6 +359,7 @@ pub async fn run(args: ConsumeArgs) -> Result<(), Failure> {
             settings.backoff.max,
         ),
         readiness,
+        source_name,
         to: settings.to.to_string(),
         namespace: settings.namespace,
         key: settings.key,
@@ -382,6 +405,8 @@ pub struct Job {
     shutdown: CancellationToken,
     /// The runner's readiness, for GET /ready, once it runs.
     readiness: Arc<OnceLock<Readiness>>,
+    /// The source's name, for the status page, once it runs.
+    source_name: Arc<OnceLock<String>>,
 }
 
 impl Job {
@@ -401,6 +426,7 @@ impl Job {
             runner = runner.namespace(ns);
         }
         let _ = self.readiness.set(runner.readiness());
+        let _ = self.source_name.set(name.clone());
         tracing::info!(source = %name, to = %self.to, store = %self.store, "starting idem consume");
         // Tests and scripts wait for this line.
         println!("idem consume ready: {name} -> {}", self.to);
@@ -415,9 +441,10 @@ async fn serve_metrics(
     addr: SocketAddr,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     readiness: Arc<OnceLock<Readiness>>,
+    page: Arc<Status>,
     shutdown: CancellationToken,
 ) -> Result<(), Failure> {
-    let app = axum::Router::new()
+    let app = status::router(page)
         .route(
             "/metrics",
             axum::routing::get(move || std::future::ready(metrics.render())),

@@ -3,15 +3,13 @@
 //! expired records, or all of them).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::{ArgGroup, Args};
 use idem_core::admin::{Admin, NamespaceStats, Purge};
 use idem_core::{Clock as _, Namespace, SystemClock};
-use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 
-use super::{age, failed, namespace_of, open};
+use super::{age, failed, namespace_of, open, spinner};
 use crate::Failure;
 use crate::config::{StoreArgs, bad};
 use crate::store_url::OpenStore;
@@ -61,17 +59,6 @@ fn admin_of(store: &OpenStore) -> Result<Arc<dyn Admin>, Failure> {
             store.description
         ))
     })
-}
-
-/// A spinner on standard error while `what` runs; invisible when standard
-/// error is not a terminal (a script, a pipe).
-fn spinner(message: String) -> ProgressBar {
-    let bar = ProgressBar::new_spinner().with_message(message);
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} {msg} {pos} {elapsed}").expect("a valid template"),
-    );
-    bar.enable_steady_tick(Duration::from_millis(120));
-    bar
 }
 
 /// Counts each namespace's records.

@@ -215,6 +215,7 @@ pub async fn ls(args: LsArgs) -> Result<(), Failure> {
         ));
     }
     let mut rows: Vec<Entry> = Vec::new();
+    let bar = spinner("listing records".into());
     let result = loop {
         query.limit = PAGE.min(args.limit - rows.len());
         let page = match store.store.scan(&query).await {
@@ -226,15 +227,19 @@ pub async fn ls(args: LsArgs) -> Result<(), Failure> {
             query.after = Some(last.key.bytes().clone());
         }
         if args.json {
-            for entry in &page {
-                println!("{}", entry_json(entry, now, false));
-            }
+            bar.suspend(|| {
+                for entry in &page {
+                    println!("{}", entry_json(entry, now, false));
+                }
+            });
         }
+        bar.inc(page.len() as u64);
         rows.extend(page);
         if !full || rows.len() >= args.limit {
             break Ok(());
         }
     };
+    bar.finish_and_clear();
     if result.is_ok() && !args.json {
         print!("{}", table(&rows, now));
         if rows.len() == args.limit {
@@ -323,6 +328,18 @@ async fn release_one(store: &OpenStore, key: &Key) -> Result<(u64, u32, Duration
     }
 }
 
+/// A spinner on standard error while a long command runs, with a count;
+/// invisible when standard error is not a terminal (a script, a pipe).
+pub(crate) fn spinner(message: String) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new_spinner().with_message(message);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {msg} {pos} {elapsed}")
+            .expect("a valid template"),
+    );
+    bar.enable_steady_tick(Duration::from_millis(120));
+    bar
+}
+
 /// Bytes from the store, printable: UTF-8 as it is with control characters
 /// escaped, other bytes as `\xNN`.
 pub(crate) fn shown(bytes: &[u8]) -> String {
@@ -361,7 +378,7 @@ pub(crate) fn outcome_json(outcome: &[u8], full: bool) -> Value {
     }
 }
 
-fn entry_json(entry: &Entry, now: Timestamp, full: bool) -> Value {
+pub(crate) fn entry_json(entry: &Entry, now: Timestamp, full: bool) -> Value {
     let mut v = json!({
         "namespace": entry.key.namespace().as_str(),
         "key": shown(entry.key.bytes()),

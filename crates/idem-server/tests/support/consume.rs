@@ -431,7 +431,14 @@ pub async fn retries_and_dead_letters(broker: impl Broker) {
             "ok-d".into(),
         ]))
         .await;
-    let sidecar = start(&args(&broker, &to, &store_url, &["--max-attempts", "3"])).await;
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let sidecar = start(&args(
+        &broker,
+        &to,
+        &store_url,
+        &["--max-attempts", "3", "--metrics-listen", &metrics],
+    ))
+    .await;
     wait_for("two dead letters", Duration::from_secs(60), async || {
         broker.dead_letters().await.len() == 2 && sink.applied() == 2
     })
@@ -440,6 +447,24 @@ pub async fn retries_and_dead_letters(broker: impl Broker) {
         broker.drained().await
     })
     .await;
+    // The status page counts them, and charts what was settled.
+    let status_json = format!("http://{metrics}/status.json");
+    wait_for(
+        "dead letters on the chart",
+        Duration::from_secs(10),
+        async || {
+            let status = super::get(&status_json).await.json();
+            status["activity"]["families"][0]["outcomes"]["dead_lettered"]
+                .as_array()
+                .is_some_and(|rates| rates.iter().any(|r| r.as_f64() > Some(0.0)))
+        },
+    )
+    .await;
+    let status = super::get(&status_json).await.json();
+    let consumer = &status["consumer"];
+    assert_eq!(consumer["dead_lettered_total"], 2, "{consumer}");
+    assert_eq!(consumer["running"], true, "{consumer}");
+    assert!(consumer["source"].is_string(), "{consumer}");
     assert_eq!(sidecar.terminate().await, 0);
 
     let flaky = sink.calls_for("fail2-a");
@@ -689,6 +714,19 @@ pub async fn lag_counts_waiting_messages(broker: impl Broker) {
             .unwrap_or(0.0);
     }
     assert!(seen <= 40.0, "at most what was published: {seen}");
+    // The status page shows the same lag.
+    let status = super::get(&format!("http://{metrics}/status.json"))
+        .await
+        .json();
+    let lags = status["consumer"]["lag"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        lags.iter()
+            .any(|l| l["namespace"] == broker.name() && l["lag"].as_f64() > Some(0.0)),
+        "{status}"
+    );
     assert_eq!(sidecar.terminate().await, 0);
 }
 

@@ -1,0 +1,227 @@
+//! The store as the status page shows it: whether it answers, what it finds
+//! in its own settings, and each namespace's records counted, with the
+//! claims that have been in progress too long. Looked at when the page asks,
+//! at most every [`REFRESH`]: an open page costs the store a few queries
+//! every ten seconds, a closed one nothing.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem_core::admin::{Admin, Severity};
+use idem_core::{
+    Clock as _, Key, Namespace, RecordState, ScanQuery, SharedStore, Store as _, SystemClock,
+    Timestamp,
+};
+use serde_json::{Value, json};
+
+use crate::ops::{entry_json, shown};
+
+/// The longest an answer is reused.
+pub const REFRESH: Duration = Duration::from_secs(10);
+
+/// Namespaces counted on each look, those with recent activity first.
+pub const MAX_COUNTED_NAMESPACES: usize = 20;
+
+/// Stuck claims listed per namespace.
+pub const MAX_STUCK_LISTED: usize = 10;
+
+/// The longest one store call of a look may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The store behind a status page.
+pub struct StoreWatch {
+    store: SharedStore,
+    admin: Option<Arc<dyn Admin>>,
+    description: String,
+    /// Whether stuck claims show their keys: not when the service asks
+    /// callers for a token, as the page asks for none.
+    show_keys: bool,
+    /// A claim in progress for longer than this is listed as stuck
+    /// (`--stuck-after`).
+    stuck_after: Duration,
+    last: tokio::sync::Mutex<Option<(Instant, Arc<Value>)>>,
+}
+
+impl StoreWatch {
+    pub fn new(
+        store: SharedStore,
+        admin: Option<Arc<dyn Admin>>,
+        description: String,
+        show_keys: bool,
+        stuck_after: Duration,
+    ) -> Self {
+        Self {
+            store,
+            admin,
+            description,
+            show_keys,
+            stuck_after,
+            last: Default::default(),
+        }
+    }
+
+    /// The store's state, looked at no longer than [`REFRESH`] ago;
+    /// `active` are the namespaces busiest lately, counted first.
+    ///
+    /// # Cancel safety
+    ///
+    /// The look runs on its own task and is kept for the next caller when
+    /// this one leaves; it only reads.
+    pub async fn view(self: &Arc<Self>, active: Vec<String>) -> Arc<Value> {
+        let me = self.clone();
+        tokio::spawn(async move { me.current(active).await })
+            .await
+            .unwrap_or_else(|e| {
+                Arc::new(json!({"healthy": false, "error": format!("the look failed: {e}")}))
+            })
+    }
+
+    async fn current(&self, active: Vec<String>) -> Arc<Value> {
+        // One look at a time; those who waited share it.
+        let mut last = self.last.lock().await;
+        if let Some((at, view)) = &*last
+            && at.elapsed() < REFRESH
+        {
+            return view.clone();
+        }
+        let view = Arc::new(self.look(active).await);
+        *last = Some((Instant::now(), view.clone()));
+        view
+    }
+
+    async fn look(&self, active: Vec<String>) -> Value {
+        let now = SystemClock.now();
+        let probe = Key::new("idem.readyz", "probe").expect("a valid key");
+        let started = Instant::now();
+        let (healthy, error) = match timed(self.store.get(&probe)).await {
+            Ok(_) => (true, None),
+            Err(e) => (false, Some(e)),
+        };
+        let answered_ms = started.elapsed().as_secs_f64() * 1e3;
+        let mut view = json!({
+            "description": self.description,
+            "checked_at_ms": now.as_millis(),
+            "healthy": healthy,
+            "error": error,
+            "answered_ms": answered_ms,
+            "refresh_seconds": REFRESH.as_secs(),
+            "stuck_after_seconds": self.stuck_after.as_secs_f64(),
+            "keys_shown": self.show_keys,
+        });
+        if !healthy {
+            return view;
+        }
+        let mut namespaces: Vec<String> = active;
+        if let Some(admin) = &self.admin {
+            view["counted"] = true.into();
+            view["findings"] = match timed(admin.findings()).await {
+                Ok(findings) => findings
+                    .into_iter()
+                    .map(|f| {
+                        json!({
+                            "severity": match f.severity {
+                                Severity::Ok => "ok",
+                                Severity::Warn => "warn",
+                                Severity::Fail => "fail",
+                            },
+                            "check": shown(f.check.as_bytes()),
+                            "detail": shown(f.detail.as_bytes()),
+                            "fix": f.fix.map(|fix| shown(fix.as_bytes())),
+                        })
+                    })
+                    .collect(),
+                Err(e) => json!([{"severity": "warn", "check": "settings", "detail": e}]),
+            };
+            if let Ok(Some(size)) = timed(admin.size()).await {
+                view["size"] = json!({"bytes": size.bytes, "what": size.what});
+            }
+            match timed(admin.namespaces()).await {
+                Ok(stored) => {
+                    for ns in stored {
+                        if !namespaces.iter().any(|n| n == ns.as_str()) {
+                            namespaces.push(ns.as_str().to_owned());
+                        }
+                    }
+                }
+                Err(e) => view["namespaces_error"] = e.into(),
+            }
+        } else {
+            view["counted"] = false.into();
+        }
+        view["namespaces_total"] = namespaces.len().into();
+        namespaces.truncate(MAX_COUNTED_NAMESPACES);
+        let mut listed = Vec::with_capacity(namespaces.len());
+        for name in namespaces {
+            // Names from the activity counters may be "(other)".
+            let Ok(ns) = Namespace::new(&name) else {
+                continue;
+            };
+            listed.push(self.namespace(ns, now).await);
+        }
+        view["namespaces"] = listed.into();
+        view
+    }
+
+    /// One namespace: its records counted, and its stuck claims.
+    async fn namespace(&self, ns: Namespace, now: Timestamp) -> Value {
+        let mut out = json!({"namespace": ns.as_str()});
+        let mut any_in_progress = true;
+        if let Some(admin) = &self.admin {
+            match timed(admin.stats(&ns)).await {
+                Ok(stats) => {
+                    any_in_progress = stats.in_progress + stats.abandoned > 0;
+                    out["in_progress"] = stats.in_progress.into();
+                    out["abandoned"] = stats.abandoned.into();
+                    out["completed"] = stats.completed.into();
+                    out["expired"] = stats.expired.into();
+                    out["oldest_in_progress_seconds"] = stats
+                        .oldest_in_progress
+                        .map(|t| now.since(t).as_secs_f64())
+                        .into();
+                }
+                Err(e) => out["error"] = e.into(),
+            }
+        }
+        if !any_in_progress {
+            out["stuck"] = json!([]);
+            return out;
+        }
+        let before = Timestamp::from_millis(
+            now.as_millis()
+                .saturating_sub(self.stuck_after.as_millis() as u64),
+        );
+        let query = ScanQuery::new(ns)
+            .state(RecordState::InProgress)
+            .older_than(before)
+            .limit(MAX_STUCK_LISTED + 1);
+        match timed(self.store.scan(&query)).await {
+            Ok(entries) => {
+                out["stuck_more"] = (entries.len() > MAX_STUCK_LISTED).into();
+                out["stuck"] = entries
+                    .iter()
+                    .take(MAX_STUCK_LISTED)
+                    .map(|e| {
+                        let mut v = entry_json(e, now, false);
+                        if !self.show_keys {
+                            v["key"] = Value::Null;
+                        }
+                        v
+                    })
+                    .collect();
+            }
+            Err(e) => out["stuck_error"] = e.into(),
+        }
+        out
+    }
+}
+
+/// A store call, cut off after [`CALL_TIMEOUT`]; its error as text.
+async fn timed<T, E: std::fmt::Display>(
+    call: impl Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(shown(e.to_string().as_bytes())),
+        Err(_) => Err(format!("no answer within {} s", CALL_TIMEOUT.as_secs())),
+    }
+}
