@@ -183,7 +183,15 @@ fn upkeep<C: Tier + Clone>(
             loop {
                 tokio::select! {
                     () = &mut stopped => break,
-                    _ = ticks.tick() => { filter.rotate(clock.now()); }
+                    _ = ticks.tick() => {
+                        filter.rotate(clock.now());
+                        // Reads every bit of the filter: off the runtime.
+                        let estimate = filter.clone();
+                        let _ = tokio::task::spawn_blocking(move || {
+                            estimate.estimated_false_positive_rate()
+                        })
+                        .await;
+                    }
                 }
             }
         }),

@@ -1,6 +1,6 @@
 //! The filter reports its answers and its size as `metrics`:
 //! `idem_filter_lookups_total{answer}`, `idem_filter_bytes`,
-//! `idem_filter_generations`.
+//! `idem_filter_generations`, `idem_filter_estimated_false_positive_rate`.
 
 mod filter_support;
 
@@ -32,4 +32,13 @@ fn lookups_by_answer_and_the_filter_size_are_exported() {
         Some(filter.memory_bytes() as f64)
     );
     assert_eq!(recorder.gauge("idem_filter_generations", ""), Some(4.0));
+    for n in 0..1_000 {
+        filter.insert(&key(n));
+    }
+    let estimate = filter.estimated_false_positive_rate();
+    assert!(estimate > 0.0, "a thousand keys set bits");
+    assert_eq!(
+        recorder.gauge("idem_filter_estimated_false_positive_rate", ""),
+        Some(estimate)
+    );
 }

@@ -162,6 +162,17 @@ impl Generations {
         (newest + 1..=newest + len).map(move |number| self.slot(number))
     }
 
+    /// Each generation's share of bits set, oldest first.
+    pub(super) fn fill(&self) -> Vec<f64> {
+        self.slots
+            .iter()
+            .map(|g| {
+                let set: u64 = g.bits.iter().map(|w| u64::from(w.count_ones())).sum();
+                set as f64 / g.bits.num_bits().max(1) as f64
+            })
+            .collect()
+    }
+
     /// Bytes of all bit arrays.
     pub(super) fn bytes(&self) -> u64 {
         self.slots

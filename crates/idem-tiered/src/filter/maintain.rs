@@ -11,8 +11,8 @@ use tokio::time::MissedTickBehavior;
 
 use super::{KeyFilter, SnapshotError};
 
-/// Every `every`: rotates `filter` to the clock's time, then writes its
-/// snapshot to `snapshot` (on a blocking thread). When `shutdown` completes:
+/// Every `every`: rotates `filter` to the clock's time, refreshes its
+/// estimated false-positive rate, then writes its snapshot to `snapshot` (on a blocking thread). When `shutdown` completes:
 /// rotates and writes a last snapshot, and returns its result.
 ///
 /// Choose `every` well below a window (a late rotation keeps keys longer,
@@ -72,6 +72,7 @@ async fn rotate_and_snapshot(
     let written = tokio::task::spawn_blocking(move || {
         let now = clock.now();
         filter.rotate(now);
+        filter.estimated_false_positive_rate();
         filter.write_snapshot(&target, now).map(drop)
     })
     .await;

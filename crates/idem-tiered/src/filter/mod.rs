@@ -211,6 +211,29 @@ impl KeyFilter {
         self.generations.bytes()
     }
 
+    /// The chance, now, that a key never inserted is answered `Maybe`:
+    /// each generation's share of bits set to the power of the hashes per
+    /// key, combined over the generations a lookup asks. It grows as the
+    /// newest generation fills and drops at each rotation; past the
+    /// configured rate, more keys arrive per window than the filter was
+    /// sized for. Also sets the gauge
+    /// `idem_filter_estimated_false_positive_rate`.
+    ///
+    /// Reads every bit: about a millisecond per 10 MB of filter. Call it
+    /// from upkeep (as [`maintain`] does), not per lookup.
+    pub fn estimated_false_positive_rate(&self) -> f64 {
+        let hashes = self.sizing.generation.hashes as i32;
+        let none: f64 = self
+            .generations
+            .fill()
+            .iter()
+            .map(|fill| 1.0 - fill.powi(hashes))
+            .product();
+        let rate = 1.0 - none;
+        metrics::gauge!("idem_filter_estimated_false_positive_rate").set(rate);
+        rate
+    }
+
     /// What the filter has answered and done so far.
     pub fn stats(&self) -> FilterStats {
         self.counters
