@@ -53,6 +53,9 @@ impl Series {
 #[derive(Clone, Default)]
 pub struct Watched {
     counters: Arc<Mutex<HashMap<Series, Arc<AtomicU64>>>>,
+    /// The same cells by metric key: `metrics::counter!` registers on each
+    /// call, and a known key is found here without reading its labels.
+    by_key: Arc<Mutex<HashMap<Key, Arc<AtomicU64>>>>,
     /// `idem_consumer_lag` by namespace (f64 bits, as `metrics` keeps
     /// gauges in an `AtomicU64`).
     lags: Arc<Mutex<HashMap<String, Arc<AtomicU64>>>>,
@@ -83,11 +86,23 @@ impl Recorder for Watched {
     fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
 
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        if !matches!(
+            key.name(),
+            "idem_operations_total" | "idem_consumer_messages_total"
+        ) {
+            return Counter::noop();
+        }
+        let mut by_key = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(cell) = by_key.get(key) {
+            return Counter::from_arc(cell.clone());
+        }
         let Some(series) = Series::of(key) else {
             return Counter::noop();
         };
         let mut counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
-        Counter::from_arc(counters.entry(series).or_default().clone())
+        let cell = counters.entry(series).or_default().clone();
+        by_key.insert(key.clone(), cell.clone());
+        Counter::from_arc(cell)
     }
 
     fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
