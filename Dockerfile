@@ -37,7 +37,7 @@ COPY --from=build --chown=65532:65532 /data /data
 USER 65532:65532
 ENV IDEM_LISTEN=0.0.0.0:7700 \
     IDEM_STORE=file:///data \
-    RUST_LOG=info
+    IDEM_LOG=info
 VOLUME ["/data"]
 EXPOSE 7700
 HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
