@@ -1,10 +1,18 @@
 //! The store as the status page shows it: whether it answers, what it finds
 //! in its own settings, and each namespace's records counted, with the
-//! claims that have been in progress too long. Looked at when the page asks,
-//! at most every [`REFRESH`]: an open page costs the store a few queries
-//! every ten seconds, a closed one nothing.
+//! claims that have been in progress too long.
+//!
+//! The store is looked at in the background while the page asks, never
+//! while a request waits (but for the very first look, up to
+//! [`FIRST_LOOK_WAIT`]): a request gets the last look and starts the next
+//! one when it is due. Looks are at least [`REFRESH`] apart, and further
+//! apart on a store where counting is slow (ten times the last look's
+//! length), so that a page left open costs the store at most a tenth of
+//! its time; the stored namespaces are listed at most every
+//! [`LIST_EVERY`]. A closed page costs nothing.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_core::admin::{Admin, Severity};
@@ -16,8 +24,15 @@ use serde_json::{Value, json};
 
 use crate::ops::{entry_json, shown};
 
-/// The longest an answer is reused.
+/// The shortest time between two looks.
 pub const REFRESH: Duration = Duration::from_secs(10);
+
+/// The longest time between two listings of the stored namespaces (a scan
+/// of the whole keyspace on Redis).
+pub const LIST_EVERY: Duration = Duration::from_secs(300);
+
+/// How long the first request waits for the first look.
+pub const FIRST_LOOK_WAIT: Duration = Duration::from_secs(2);
 
 /// Namespaces counted on each look, those with recent activity first.
 pub const MAX_COUNTED_NAMESPACES: usize = 20;
@@ -39,7 +54,14 @@ pub struct StoreWatch {
     /// A claim in progress for longer than this is listed as stuck
     /// (`--stuck-after`).
     stuck_after: Duration,
-    last: tokio::sync::Mutex<Option<(Instant, Arc<Value>)>>,
+    /// The last look, and when the next is due.
+    last: Mutex<Option<(Arc<Value>, Instant)>>,
+    /// A look is under way.
+    looking: AtomicBool,
+    /// Told of each finished look.
+    looked: tokio::sync::Notify,
+    /// The stored namespaces, and when they were listed.
+    listed: Mutex<Option<(Vec<String>, Instant)>>,
 }
 
 impl StoreWatch {
@@ -56,37 +78,68 @@ impl StoreWatch {
             description,
             show_keys,
             stuck_after,
-            last: Default::default(),
+            last: Mutex::default(),
+            looking: AtomicBool::new(false),
+            looked: tokio::sync::Notify::new(),
+            listed: Mutex::default(),
         }
     }
 
-    /// The store's state, looked at no longer than [`REFRESH`] ago;
-    /// `active` are the namespaces busiest lately, counted first.
+    /// The store's last look; starts the next when it is due. `active`
+    /// are the namespaces busiest lately, counted first.
     ///
     /// # Cancel safety
     ///
     /// The look runs on its own task and is kept for the next caller when
     /// this one leaves; it only reads.
     pub async fn view(self: &Arc<Self>, active: Vec<String>) -> Arc<Value> {
-        let me = self.clone();
-        tokio::spawn(async move { me.current(active).await })
-            .await
-            .unwrap_or_else(|e| {
-                Arc::new(json!({"healthy": false, "error": format!("the look failed: {e}")}))
-            })
+        let last = self.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let due = last
+            .as_ref()
+            .is_none_or(|(_, next)| Instant::now() >= *next);
+        let finished = self.looked.notified();
+        if due && !self.looking.swap(true, Ordering::AcqRel) {
+            let me = self.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let view = Arc::new(me.look(active).await);
+                let next = Instant::now() + REFRESH.max(started.elapsed() * 10);
+                *me.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((view, next));
+                me.looking.store(false, Ordering::Release);
+                me.looked.notify_waiters();
+            });
+        }
+        if let Some((view, _)) = last {
+            return view;
+        }
+        let _ = tokio::time::timeout(FIRST_LOOK_WAIT, finished).await;
+        match &*self.last.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some((view, _)) => view.clone(),
+            None => Arc::new(json!({
+                "description": self.description,
+                "looking": true,
+                "refresh_seconds": REFRESH.as_secs(),
+                "stuck_after_seconds": self.stuck_after.as_secs_f64(),
+                "keys_shown": self.show_keys,
+            })),
+        }
     }
 
-    async fn current(&self, active: Vec<String>) -> Arc<Value> {
-        // One look at a time; those who waited share it.
-        let mut last = self.last.lock().await;
-        if let Some((at, view)) = &*last
-            && at.elapsed() < REFRESH
+    /// The stored namespaces, listed again once [`LIST_EVERY`] has passed.
+    async fn stored_namespaces(&self, admin: &dyn Admin) -> Result<Vec<String>, String> {
+        if let Some((names, at)) = &*self.listed.lock().unwrap_or_else(|e| e.into_inner())
+            && at.elapsed() < LIST_EVERY
         {
-            return view.clone();
+            return Ok(names.clone());
         }
-        let view = Arc::new(self.look(active).await);
-        *last = Some((Instant::now(), view.clone()));
-        view
+        let names: Vec<String> = timed(admin.namespaces())
+            .await?
+            .iter()
+            .map(|ns| ns.as_str().to_owned())
+            .collect();
+        *self.listed.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((names.clone(), Instant::now()));
+        Ok(names)
     }
 
     async fn look(&self, active: Vec<String>) -> Value {
@@ -135,11 +188,11 @@ impl StoreWatch {
             if let Ok(Some(size)) = timed(admin.size()).await {
                 view["size"] = json!({"bytes": size.bytes, "what": size.what});
             }
-            match timed(admin.namespaces()).await {
+            match self.stored_namespaces(&**admin).await {
                 Ok(stored) => {
                     for ns in stored {
-                        if !namespaces.iter().any(|n| n == ns.as_str()) {
-                            namespaces.push(ns.as_str().to_owned());
+                        if !namespaces.contains(&ns) {
+                            namespaces.push(ns);
                         }
                     }
                 }

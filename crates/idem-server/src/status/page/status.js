@@ -294,16 +294,25 @@ function drawStuck(data) {
 function drawStore(data) {
   const store = data.store;
   const health = $("health");
-  health.className = "pill " + (store.healthy ? "ok" : "fail");
-  health.textContent = store.healthy ? "store answers in " + number(store.answered_ms) + " ms" : "store unreachable";
+  if (store.looking) {
+    health.className = "pill";
+    health.textContent = "looking at the store…";
+  } else {
+    health.className = "pill " + (store.healthy ? "ok" : "fail");
+    health.textContent = store.healthy ? "store answers in " + number(store.answered_ms) + " ms" : "store unreachable";
+  }
   $("store-description").textContent = store.description || "";
   const facts = $("store-facts");
   facts.replaceChildren();
   const fact = (name, value) => facts.append(el("dt", name), el("dd", value));
   fact("Store", store.description || "–");
+  if (store.looking) {
+    fact("Health", "the first look at the store is under way");
+    return;
+  }
   fact("Health", store.healthy ? "answers (" + number(store.answered_ms) + " ms)" : "no answer: " + (store.error || "unknown"));
   if (store.size) fact("Size", bytes(store.size.bytes) + ": " + store.size.what);
-  fact("Looked at", age((data.now_ms - store.checked_at_ms) / 1000) + " ago (at most every " + store.refresh_seconds + " s)");
+  fact("Looked at", age((data.now_ms - store.checked_at_ms) / 1000) + " ago (at least " + store.refresh_seconds + " s apart, longer where counting is slow)");
   const findings = $("findings");
   findings.replaceChildren();
   for (const f of store.findings || []) {
