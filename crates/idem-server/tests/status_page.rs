@@ -205,6 +205,24 @@ async fn with_auth_on_stuck_claims_show_without_their_keys() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_who_leave_mid_request_leave_the_page_working() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}/data", dir.path().display());
+    let idem = start(&["serve", "--store", &store], &[]).await;
+    // Each gives up at once: most leave while the first look is under way.
+    for _ in 0..50 {
+        let _ =
+            tokio::time::timeout(Duration::from_micros(200), get(&idem.url("/status.json"))).await;
+    }
+    let status = status_when(&idem, "", Duration::from_secs(5), |s| {
+        s["store"]["healthy"] == true
+    })
+    .await;
+    assert_eq!(status["store"]["counted"], true, "{status:#}");
+    assert_eq!(idem.terminate().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_status_page_serves_none() {
     let idem = start(&["serve", "--store", "memory://", "--no-status-page"], &[]).await;
     assert_eq!(get(&idem.url("/")).await.status, 404);

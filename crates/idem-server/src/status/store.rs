@@ -101,12 +101,12 @@ impl StoreWatch {
         if due && !self.looking.swap(true, Ordering::AcqRel) {
             let me = self.clone();
             tokio::spawn(async move {
+                // Whatever ends the look, a panic too, the next one may start.
+                let _done = LookDone(&me);
                 let started = Instant::now();
                 let view = Arc::new(me.look(active).await);
                 let next = Instant::now() + REFRESH.max(started.elapsed() * 10);
                 *me.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((view, next));
-                me.looking.store(false, Ordering::Release);
-                me.looked.notify_waiters();
             });
         }
         if let Some((view, _)) = last {
@@ -265,6 +265,16 @@ impl StoreWatch {
             Err(e) => out["stuck_error"] = e.into(),
         }
         out
+    }
+}
+
+/// Marks the look ended and wakes those waiting for it, when dropped.
+struct LookDone<'a>(&'a StoreWatch);
+
+impl Drop for LookDone<'_> {
+    fn drop(&mut self) {
+        self.0.looking.store(false, Ordering::Release);
+        self.0.looked.notify_waiters();
     }
 }
 
