@@ -4,6 +4,7 @@
 //! keys it holds.
 
 use std::future::Future;
+use std::time::Duration;
 
 use crate::{Completed, FencingToken, Key, Store, StoreError};
 
@@ -25,6 +26,43 @@ pub enum Imported {
     /// The store kept what it had: a live completed record (whatever its
     /// token), or nothing when the imported record had already expired.
     Kept,
+}
+
+/// A completed record on its way from one tier to another: its key and
+/// the token that completed it, which tells this completion from a later
+/// one of the same key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Handover {
+    /// The record's key.
+    pub key: Key,
+    /// The token that completed it.
+    pub token: FencingToken,
+}
+
+/// A store held as the cold tier of one process's volatile hot tier, for
+/// as long as this lives (see [`Tier::hold_sole_front`]).
+pub struct SoleFront(Option<Box<dyn std::any::Any + Send + Sync>>);
+
+impl SoleFront {
+    /// Nothing to hold: a store one process alone can open.
+    pub fn nothing() -> Self {
+        Self(None)
+    }
+
+    /// Holds `hold` (a connection holding a lock, say) until dropped.
+    pub fn holding(hold: impl std::any::Any + Send + Sync) -> Self {
+        Self(Some(Box::new(hold)))
+    }
+}
+
+impl std::fmt::Debug for SoleFront {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "SoleFront(held)"
+        } else {
+            "SoleFront(nothing to hold)"
+        })
+    }
 }
 
 /// A store that can be a tier: the hot tier in front (every in-progress and
@@ -81,6 +119,83 @@ pub trait Tier: Store {
     /// issued or imported, every floor raised and every mark recorded;
     /// kept across restarts by a durable store.
     fn token_high_water(&self) -> impl Future<Output = Result<FencingToken, StoreError>> + Send;
+
+    /// Whether the store keeps a list of [`Handover`]s
+    /// ([`list_handovers`](Tier::list_handovers)) as durably as its
+    /// records, outliving the process (Redis). A tiered store in front of
+    /// such a hot tier acknowledges a completion once the hot tier holds it
+    /// and has it listed: a process that opens the store later moves to
+    /// the cold tier what a crashed one left on the list.
+    const KEEPS_HANDOVERS: bool = false;
+
+    /// Keeps each completed record of `items` (the key's record completed
+    /// by that token) at most `keep` past its `completed_at`: a tiered
+    /// store shortens its hot copy this way once the cold tier holds the
+    /// record. A record of another token, in progress, or gone is left
+    /// alone. By default nothing changes: the record is kept for its
+    /// whole retention, which is never wrong, only larger.
+    fn shorten(
+        &self,
+        items: &[Handover],
+        keep: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (items, keep);
+        async { Ok(()) }
+    }
+
+    /// Adds `items` to the list of handovers named `list` (one per cold
+    /// tier the store is in front of), each listed now (a handover listed
+    /// again is listed anew). Only a store that
+    /// [keeps handovers](Tier::KEEPS_HANDOVERS) does; others answer an
+    /// error.
+    fn list_handovers(
+        &self,
+        list: &str,
+        items: &[Handover],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (list, items);
+        async {
+            Err(StoreError::unavailable(
+                "this store keeps no list of handovers (Tier::KEEPS_HANDOVERS is false)",
+            ))
+        }
+    }
+
+    /// Up to `limit` handovers of `list` listed longer than `listed_for`
+    /// ago, each
+    /// listed anew as it is answered, so that of several processes
+    /// sweeping the list one takes a handover at a time (until it too has
+    /// been listed `listed_for`). Empty for a store that keeps no list.
+    fn due_handovers(
+        &self,
+        list: &str,
+        listed_for: Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Handover>, StoreError>> + Send {
+        let _ = (list, listed_for, limit);
+        async { Ok(Vec::new()) }
+    }
+
+    /// Removes `items` from `list` (those not on it are ignored). Nothing
+    /// to do for a store that keeps no list.
+    fn unlist_handovers(
+        &self,
+        list: &str,
+        items: &[Handover],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (list, items);
+        async { Ok(()) }
+    }
+
+    /// Holds the store, for as long as the answer lives, as the cold tier
+    /// of this process alone. Two processes, each with a memory hot tier
+    /// in front of one cold tier, would share no claims: each could hold
+    /// the same key at once. A second process asking fails, saying so. By
+    /// default nothing is held: right for a store one process alone can
+    /// open (the file store locks its directory; memory).
+    fn hold_sole_front(&self) -> impl Future<Output = Result<SoleFront, StoreError>> + Send {
+        async { Ok(SoleFront::nothing()) }
+    }
 
     /// Up to `limit` keys of live completed records, in [`Key::encode`]
     /// order, after `after` (exclusive): a page of every namespace's

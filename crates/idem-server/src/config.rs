@@ -83,10 +83,29 @@ pub struct StoreArgs {
     /// [default: 10800000, 3 h].
     #[arg(long, env = "IDEM_HOT_RETENTION_MS", value_name = "MS")]
     pub hot_retention_ms: Option<u64>,
-    /// With --store tiered: answer a completion only once the cold tier has
-    /// it (slower; a crash then loses nothing a memory hot tier held).
+    /// With --store tiered: answer every completion only once the cold tier
+    /// has it, whatever the hot tier (a memory hot tier does so anyway,
+    /// unless --ack-before-cold).
     #[arg(long, env = "IDEM_WRITE_THROUGH")]
     pub write_through: bool,
+    /// With --store tiered and a memory hot tier: answer a completion once
+    /// the hot tier has it, before the cold tier does. Faster for a lone
+    /// caller, but a crash of the process loses every completion then on
+    /// its way to the cold tier (counted by the gauge
+    /// idem_tiered_unprotected_completions): their redeliveries run again.
+    #[arg(long, env = "IDEM_ACK_BEFORE_COLD")]
+    pub ack_before_cold: bool,
+    /// With --store tiered: how long a graceful stop waits for completions
+    /// on their way to the cold tier; what is left is logged with its count
+    /// (a Redis hot tier keeps it for the next process) [default: 30000].
+    #[arg(long, env = "IDEM_FLUSH_TIMEOUT_MS", value_name = "MS")]
+    pub flush_timeout_ms: Option<u64>,
+    /// With --store tiered and a Redis hot tier: how long a completion stays
+    /// on the hot tier's list of handovers before any process moves it to
+    /// the cold tier (what a crashed process left moves after this)
+    /// [default: 30000].
+    #[arg(long, env = "IDEM_HANDOVER_GRACE_MS", value_name = "MS")]
+    pub handover_grace_ms: Option<u64>,
     /// With --store tiered: distinct keys the key filter in front of the
     /// cold tier is sized for, per --filter-retention-ms (18 MB for 10 M at
     /// 0.1 % false positives); 0 turns the filter off [default: 10000000].
@@ -168,6 +187,9 @@ pub struct FileSettings {
     pub cold_store: Option<String>,
     pub hot_retention_ms: Option<u64>,
     pub write_through: Option<bool>,
+    pub ack_before_cold: Option<bool>,
+    pub flush_timeout_ms: Option<u64>,
+    pub handover_grace_ms: Option<u64>,
     pub filter_items: Option<u64>,
     pub filter_retention_ms: Option<u64>,
     pub filter_seed: Option<String>,
@@ -291,6 +313,12 @@ pub struct TieredSettings {
     pub cold: String,
     pub hot_retention: Duration,
     pub write_through: bool,
+    pub ack_before_cold: bool,
+    pub flush_timeout: Duration,
+    pub handover_grace: Duration,
+    /// Whether this process moves what other processes left on the hot
+    /// tier's list of handovers (not for an operator's short look).
+    pub sweep_handovers: bool,
     /// `None`: no filter.
     pub filter_items: Option<u64>,
     pub filter_retention: Duration,
@@ -389,6 +417,18 @@ fn resolve_tiered(args: &StoreArgs, file: &FileSettings) -> Result<TieredSetting
             .unwrap_or_else(|| "file://./idem-data".to_owned()),
         hot_retention,
         write_through: args.write_through || file.write_through.unwrap_or(false),
+        ack_before_cold: args.ack_before_cold || file.ack_before_cold.unwrap_or(false),
+        flush_timeout: Duration::from_millis(
+            args.flush_timeout_ms
+                .or(file.flush_timeout_ms)
+                .unwrap_or(30_000),
+        ),
+        handover_grace: Duration::from_millis(
+            args.handover_grace_ms
+                .or(file.handover_grace_ms)
+                .unwrap_or(30_000),
+        ),
+        sweep_handovers: true,
         filter_items: Some(
             args.filter_items
                 .or(file.filter_items)
@@ -445,15 +485,32 @@ pub fn resolve_store(args: StoreArgs, file: &FileSettings) -> Result<StoreSettin
             ),
         ));
     }
-    let default_retention = Duration::from_millis(
-        args.default_retention_ms
-            .or(file.default_retention_ms)
-            .unwrap_or(24 * 3600 * 1000),
-    );
-    if default_retention.is_zero() || default_retention > limits.max_retention {
+    // A tiered store with a key filter keeps records no longer than the
+    // filter keeps keys: the default retention follows it down.
+    let store_url = args.store.as_deref().or(file.store.as_deref());
+    let filtered =
+        matches!(store_url, Some("tiered" | "tiered://")) && tiered.filter_items.is_some();
+    let longest = if filtered {
+        limits.max_retention.min(tiered.filter_retention)
+    } else {
+        limits.max_retention
+    };
+    let default_retention = args
+        .default_retention_ms
+        .or(file.default_retention_ms)
+        .map_or(
+            Duration::from_secs(24 * 3600).min(longest),
+            Duration::from_millis,
+        );
+    if default_retention.is_zero() || default_retention > longest {
+        let why = if filtered {
+            " (filter_retention_ms: the tiered store's key filter keeps keys no longer)"
+        } else {
+            ""
+        };
         return Err(bad(
             "default_retention_ms",
-            format!("must be from 1 to {} ms", limits.max_retention.as_millis()),
+            format!("must be from 1 to {} ms{why}", longest.as_millis()),
         ));
     }
     let redis_tls = RedisTls {

@@ -11,8 +11,8 @@ use futures_util::{FutureExt, StreamExt};
 use idem_core::tier::Tier;
 use idem_core::{Key, MemoryStore, SharedClock, StoreError, SystemClock};
 use idem_file::FileStore;
-use idem_tiered::TieredStore;
 use idem_tiered::filter::{FilterConfig, FilterSeed, KeyFilter, maintain};
+use idem_tiered::{Acknowledgement, TieredStore};
 
 use crate::Failure;
 use crate::config::{StoreSettings, TieredSettings, bad};
@@ -89,9 +89,15 @@ async fn assemble<H: Tier + Clone, C: Tier + Clone>(
         Some(items) => Some(Arc::new(filter(items, t, clock.now())?)),
         None => None,
     };
+    // One list of handovers per cold tier: stores sharing a Redis in front
+    // of different cold tiers never move each other's records.
     let mut builder = TieredStore::builder(hot, cold.clone())
         .hot_retention(t.hot_retention)
-        .write_through(t.write_through);
+        .write_through(t.write_through)
+        .ack_before_cold(t.ack_before_cold)
+        .handover_list(cold_description)
+        .handover_grace(t.handover_grace)
+        .sweep_handovers(t.sweep_handovers);
     if let Some(f) = &filter {
         builder = builder.filter(f.clone());
     }
@@ -101,10 +107,15 @@ async fn assemble<H: Tier + Clone, C: Tier + Clone>(
         ))
     })?;
     let upkeep = filter.map(|f| upkeep(f, cold, t, clock));
+    let acknowledgement = store.acknowledgement();
     let flushed = store.clone();
+    let flush_timeout = t.flush_timeout;
     let shutdown = async move {
         // Completions first, so the last snapshot holds their keys.
-        flushed.flush().await;
+        let left = flushed.flush_within(flush_timeout).await;
+        if left > 0 {
+            left_at_shutdown(left, acknowledgement, flush_timeout);
+        }
         if let Some(stop) = upkeep {
             stop.await;
         }
@@ -116,16 +127,47 @@ async fn assemble<H: Tier + Clone, C: Tier + Clone>(
     };
     Ok(OpenStore {
         description: format!(
-            "tiered store: {hot_description} in front of {cold_description}, hot retention {} s, key filter {}",
+            "tiered store: {hot_description} in front of {cold_description}, hot retention {} s, key filter {}, {}",
             t.hot_retention.as_secs(),
             t.filter_items
                 .map_or("off".to_owned(), |n| format!("for {n} keys")),
+            match acknowledgement {
+                Acknowledgement::AfterCold => "completions answered once the cold tier has them",
+                Acknowledgement::AfterHot =>
+                    "completions answered once the hot tier has them listed for the cold tier",
+                _ =>
+                    "completions answered BEFORE the cold tier has them (--ack-before-cold: a crash loses those on their way)",
+            },
         ),
         store: Arc::new(store),
         admin: None,
         file: None,
         shutdown: Some(shutdown.boxed()),
     })
+}
+
+/// Says what becomes of the completions a graceful stop could not move to
+/// the cold tier within `waited`.
+fn left_at_shutdown(left: u64, acknowledgement: Acknowledgement, waited: Duration) {
+    let waited = waited.as_millis();
+    match acknowledgement {
+        Acknowledgement::AfterHot => tracing::warn!(
+            left,
+            "{left} completions had not reached the cold tier after {waited} ms (--flush-timeout-ms); \
+             the hot tier keeps them, listed, and the next process to open the store moves them"
+        ),
+        Acknowledgement::AfterCold => tracing::warn!(
+            left,
+            "{left} completions had not reached the cold tier after {waited} ms (--flush-timeout-ms); \
+             none was answered as done, so their holders retry or their redeliveries run again"
+        ),
+        _ => tracing::error!(
+            left,
+            "{left} acknowledged completions had not reached the cold tier after {waited} ms \
+             (--flush-timeout-ms) and are lost with this process (--ack-before-cold): their \
+             redeliveries run again"
+        ),
+    }
 }
 
 /// The filter: from its snapshot when there is a good one, else empty.

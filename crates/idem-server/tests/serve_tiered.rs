@@ -81,18 +81,9 @@ async fn tiered_on_redis_over_postgres() {
     let Some(redis) = support::redis().await else {
         return;
     };
-    let pg = idem_testkit::services::url(
-        "IDEM_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
-    let cold = format!(
-        "{pg}{}table=idem_tiered_cold",
-        if pg.contains('?') { '&' } else { '?' }
-    );
-    let (code, _, err) = run(&["migrate", "--store", &cold], &[]);
-    if code != 0 && idem_testkit::services::absent::<()>("PostgreSQL", &pg, err).is_none() {
+    let Some(cold) = support::postgres_table("idem_tiered_cold") else {
         return;
-    }
+    };
     let args = [
         "serve",
         "--store",
@@ -157,133 +148,111 @@ fn tiered_settings_that_cannot_work_are_refused_with_what_to_change() {
     }
 }
 
-/// Runs `idem serve` on a memory hot tier over a file cold tier, acks
-/// completions from four clients until `ack_for` has passed, then kills the
-/// process (SIGKILL, no chance to flush) and starts it again. Returns the
-/// acknowledged keys with how long before the kill each was acknowledged,
-/// the highest token handed out before the kill, and the restarted process.
-async fn kill_mid_stream(
-    extra: &[&str],
-    dir: &std::path::Path,
-    ack_for: std::time::Duration,
-) -> (Vec<(String, std::time::Duration)>, u64, support::Process) {
-    use std::sync::{Arc, Mutex};
-    use std::time::Instant;
-
-    let cold = format!("file://{}", dir.join("cold").display());
-    let mut args = vec![
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_filter_retention_is_the_default_retention_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let cold = format!("file://{}", dir.path().display());
+    let args = [
         "serve",
         "--store",
         "tiered",
-        "--hot-store",
-        "memory://",
         "--cold-store",
         &cold,
-        "--hot-retention-ms",
-        "1000",
-        "--filter-items",
-        "0",
+        "--filter-retention-ms",
+        "3600000",
     ];
-    args.extend(extra);
     let idem = start(&args, &[]).await;
-    let acked = Arc::new(Mutex::new(Vec::<(String, Instant, u64)>::new()));
-    let until = Instant::now() + ack_for;
-    let clients: Vec<_> = (0..4)
-        .map(|c| {
-            let (base, acked) = (idem.base.clone(), acked.clone());
-            tokio::spawn(async move {
-                let mut i = 0;
-                while Instant::now() < until {
-                    let key = format!("c{c}-{i}");
-                    i += 1;
-                    let b = post(&format!("{base}/v1/crash/begin"), json!({"key": key})).await.json();
-                    let token = b["token"].as_u64().unwrap();
-                    let done = post(
-                        &format!("{base}/v1/crash/complete"),
-                        json!({"key": key, "token": token, "outcome": "done", "retention_ms": 3_600_000}),
-                    )
-                    .await;
-                    if done.status == 200 {
-                        acked.lock().unwrap().push((key, Instant::now(), token));
-                    }
-                }
-            })
-        })
-        .collect();
-    for c in clients {
-        c.await.unwrap();
-    }
-    let mut child = idem.child;
-    child.start_kill().unwrap();
-    child.wait().await.unwrap();
-    let killed = Instant::now();
-    let acked = acked.lock().unwrap().clone();
-    let highest = acked.iter().map(|a| a.2).max().unwrap_or(0);
-    let acked = acked
-        .into_iter()
-        .map(|(k, at, _)| (k, killed - at))
-        .collect();
-    (acked, highest, start(&args, &[]).await)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kill_mid_stream_loses_only_the_last_moments_and_never_a_token() {
-    let dir = tempfile::tempdir().unwrap();
-    let (acked, highest, idem) =
-        kill_mid_stream(&[], dir.path(), std::time::Duration::from_secs(4)).await;
-    assert!(acked.len() > 100, "only {} completions in 4 s", acked.len());
-    let mut lost_late = 0;
-    for (key, before_kill) in &acked {
-        let b = post(&idem.url("/v1/crash/begin"), json!({"key": key}))
-            .await
-            .json();
-        if b["status"] == "completed" {
-            continue;
-        }
-        // What a crash may lose: completions acknowledged while their
-        // records were still on the write-behind queue, moments before it.
-        assert!(
-            *before_kill < std::time::Duration::from_secs(2),
-            "{key}, acknowledged {before_kill:?} before the kill, was lost: {b}"
-        );
-        lost_late += 1;
-    }
-    eprintln!(
-        "{} acknowledged, {lost_late} lost in the last moments",
-        acked.len()
-    );
-    let fresh = post(&idem.url("/v1/crash/begin"), json!({"key": "after"}))
+    let b = post(&idem.url("/v1/short/begin"), json!({"key": "k"}))
         .await
         .json();
-    assert!(
-        fresh["token"].as_u64().unwrap() > highest,
-        "a token went back after the kill: {fresh} after {highest}"
-    );
-    assert_eq!(idem.terminate().await, 0);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kill_mid_stream_with_write_through_loses_no_acknowledged_completion() {
-    let dir = tempfile::tempdir().unwrap();
-    let (acked, highest, idem) = kill_mid_stream(
-        &["--write-through"],
-        dir.path(),
-        std::time::Duration::from_secs(3),
+    let done = post(
+        &idem.url("/v1/short/complete"),
+        json!({"key": "k", "token": b["token"], "outcome": 1}),
     )
     .await;
-    assert!(acked.len() > 50, "only {} completions in 3 s", acked.len());
-    for (key, _) in &acked {
-        let b = post(&idem.url("/v1/crash/begin"), json!({"key": key}))
-            .await
-            .json();
-        assert_eq!(
-            b["status"], "completed",
-            "{key} was acknowledged, then lost: {b}"
-        );
-    }
-    let fresh = post(&idem.url("/v1/crash/begin"), json!({"key": "after"}))
+    assert_eq!(done.status, 200, "{}", done.problem(200));
+    let record = support::get(&idem.url("/v1/short/record?key=k"))
         .await
         .json();
-    assert!(fresh["token"].as_u64().unwrap() > highest);
+    let kept =
+        record["expires_at_ms"].as_u64().unwrap() - record["completed_at_ms"].as_u64().unwrap();
+    assert_eq!(kept, 3_600_000, "{record}");
+    assert_eq!(idem.terminate().await, 0);
+    // Asked for explicitly, a longer default is refused with both numbers.
+    let mut longer = args.to_vec();
+    longer.extend([
+        "--default-retention-ms",
+        "7200000",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let (code, _, err) = run(&longer, &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("3600000") && err.contains("filter_retention_ms"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_act_on_the_real_tiers_or_are_told_where_to_look() {
+    // A memory hot tier lives in the serving process: refused, with where
+    // to ask instead.
+    let dir = tempfile::tempdir().unwrap();
+    let cold = format!("file://{}", dir.path().display());
+    for command in [&["inspect"][..], &["release", "--force"]] {
+        let mut args = command.to_vec();
+        args.extend(["--store", "tiered", "--cold-store", &cold, "ns", "k"]);
+        let (code, _, err) = run(&args, &[]);
+        assert_eq!(code, 2, "{command:?}: {err}");
+        assert!(err.contains("curl"), "{command:?}: {err}");
+    }
+    // A Redis hot tier is read and changed where it lives.
+    let Some(redis) = support::redis().await else {
+        return;
+    };
+    let Some(cold) = support::postgres_table("idem_tiered_operator") else {
+        return;
+    };
+    let tiers = [
+        "--store",
+        "tiered",
+        "--hot-store",
+        &redis,
+        "--cold-store",
+        &cold,
+    ];
+    let mut args = vec!["serve"];
+    args.extend(tiers);
+    let idem = start(&args, &[]).await;
+    let ns = support::unique("op");
+    let held = post(
+        &idem.url(&format!("/v1/{ns}/begin")),
+        json!({"key": "held", "lease_ms": 600_000}),
+    )
+    .await
+    .json();
+    assert_eq!(held["status"], "acquired", "{held}");
+    let mut inspect = vec!["inspect", "--json"];
+    inspect.extend(tiers);
+    inspect.extend([ns.as_str(), "held"]);
+    let (code, out, err) = run(&inspect, &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"in_progress\""), "{out}");
+    let mut release = vec!["release", "--force"];
+    release.extend(tiers);
+    release.extend([ns.as_str(), "held"]);
+    let (code, _, err) = run(&release, &[]);
+    assert_eq!(code, 0, "{err}");
+    let again = post(
+        &idem.url(&format!("/v1/{ns}/begin")),
+        json!({"key": "held"}),
+    )
+    .await
+    .json();
+    assert_eq!(
+        again["status"], "acquired",
+        "released where it was held: {again}"
+    );
     assert_eq!(idem.terminate().await, 0);
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem_core::layer::StoreWrapper;
-use idem_core::tier::{ImportItem, Imported, Tier};
+use idem_core::tier::{Handover, ImportItem, Imported, Tier};
 use idem_core::{
     Begin, BeginItem, CompleteItem, Entry, Fenced, FencingToken, Fingerprint, Key, Lease, Record,
     ScanQuery, Store, StoreError, Timestamp,
@@ -173,6 +173,33 @@ impl<S: Tier> Tier for Switchable<S> {
     async fn token_high_water(&self) -> Result<FencingToken, StoreError> {
         self.check()?;
         self.inner.token_high_water().await
+    }
+
+    const KEEPS_HANDOVERS: bool = S::KEEPS_HANDOVERS;
+
+    async fn shorten(&self, items: &[Handover], keep: Duration) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.shorten(items, keep).await
+    }
+
+    async fn list_handovers(&self, list: &str, items: &[Handover]) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.list_handovers(list, items).await
+    }
+
+    async fn due_handovers(
+        &self,
+        list: &str,
+        listed_for: Duration,
+        limit: usize,
+    ) -> Result<Vec<Handover>, StoreError> {
+        self.check()?;
+        self.inner.due_handovers(list, listed_for, limit).await
+    }
+
+    async fn unlist_handovers(&self, list: &str, items: &[Handover]) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.unlist_handovers(list, items).await
     }
 
     async fn completed_keys(

@@ -7,5 +7,6 @@ pub mod filter;
 mod tiered;
 
 pub use tiered::{
-    DEFAULT_HOT_RETENTION, MIN_HOT_RETENTION, TieredStore, TieredStoreBuilder, WriteBehindStats,
+    Acknowledgement, DEFAULT_HOT_RETENTION, MIN_HOT_RETENTION, TieredStore, TieredStoreBuilder,
+    WriteBehindStats,
 };

@@ -122,6 +122,7 @@ mod redis_over_postgres {
         };
         let store = TieredStore::builder(hot, cold)
             .hot_retention(Duration::from_secs(1))
+            .handover_list("idem_tiered_conformance")
             .write_through(true)
             .open()
             .await

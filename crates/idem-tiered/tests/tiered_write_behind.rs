@@ -93,8 +93,11 @@ async fn completions_reach_the_cold_tier_and_are_replayed_from_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_holds_complete_back_and_loses_nothing() {
     let cold = Switchable::new(MemoryStore::new());
+    // Answering before the cold tier has a record is what lets completions
+    // run ahead of it into the queue.
     let store = TieredStore::builder(MemoryStore::new(), cold.clone())
         .hot_retention(Duration::from_secs(60))
+        .ack_before_cold(true)
         .queue_capacity(4)
         .batch(2)
         .open()
@@ -340,9 +343,23 @@ async fn a_panic_in_the_cold_tier_wedges_no_one() {
         .open()
         .await
         .unwrap();
-    deliver(&store, &key(0), "ok").await;
-    // The importing task is gone: flush returns, and a completion that
-    // needs the cold tier fails at once instead of waiting for room.
+    // The completion waits for the cold tier, whose import panics: it
+    // fails instead of waiting for ever.
+    let token = claimed(
+        store
+            .begin(&key(0), None, Lease::from_secs(30))
+            .await
+            .unwrap(),
+    );
+    let done = tokio::time::timeout(
+        Duration::from_secs(5),
+        store.complete(&key(0), token, None, HOUR),
+    )
+    .await
+    .expect("complete answers");
+    assert!(matches!(done, Err(StoreError::Unavailable(_))), "{done:?}");
+    // The importing task is gone: flush returns, and a completion fails at
+    // once instead of waiting for room.
     tokio::time::timeout(Duration::from_secs(5), store.flush())
         .await
         .expect("flush returns once the importing task has stopped");
@@ -354,21 +371,23 @@ async fn a_panic_in_the_cold_tier_wedges_no_one() {
     );
     let done = tokio::time::timeout(
         Duration::from_secs(5),
-        store.complete(&key(1), token, None, HOUR),
+        store.complete(&key(1), token, None, Duration::from_secs(10)),
     )
     .await
     .expect("complete answers");
     assert!(matches!(done, Err(StoreError::Unavailable(_))), "{done:?}");
-    // Claims, and records the hot tier keeps for their whole retention,
-    // still work.
-    let short = claimed(
+    // Claims still work: taken, released, taken again.
+    let held = claimed(
         store
             .begin(&key(3), None, Lease::from_secs(30))
             .await
             .unwrap(),
     );
-    let kept = store
-        .complete(&key(3), short, None, Duration::from_secs(10))
-        .await;
-    assert!(!kept.unwrap().is_stale());
+    assert!(!store.release(&key(3), held).await.unwrap().is_stale());
+    claimed(
+        store
+            .begin(&key(3), None, Lease::from_secs(30))
+            .await
+            .unwrap(),
+    );
 }

@@ -78,7 +78,10 @@ async fn main() -> Result<(), Error> {
     let held = completed_keys(&cold).await?;
     filter.rebuild(held.into_iter().map(Ok::<_, StoreError>), None, |_, _| {})?;
 
+    // Completions on their way to the file store are listed in Redis, by
+    // the name of this cold tier, until they get there.
     let store = TieredStore::builder(hot, cold)
+        .handover_list(cold_dir.path().display().to_string())
         .filter(filter.clone())
         .hot_retention(Duration::from_secs(60))
         .open()

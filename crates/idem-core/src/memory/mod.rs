@@ -16,7 +16,7 @@ use self::shard::{KeyHash, Shard, Slot};
 use crate::layer::{Checked, StoreWrapper};
 use crate::machine::{self, Current, Decision};
 use crate::periodic::spawn_periodic;
-use crate::tier::{ImportItem, Imported, Tier};
+use crate::tier::{Handover, ImportItem, Imported, Tier};
 use crate::{
     Begin, BeginItem, Claim, Clock, CompleteItem, Entry, Fenced, FencingToken, Fingerprint, Key,
     Lease, Limits, Record, ScanQuery, Store, StoreError, SystemClock, Timestamp,
@@ -650,6 +650,24 @@ impl Inner {
         Ok(Imported::Written)
     }
 
+    /// Keeps the record `item` names at most `keep` past its completion.
+    fn shorten(&self, item: &Handover, keep: Duration) {
+        let hash = KeyHash::of(&self.hasher, &item.key);
+        let mut shard = self.shard(hash).lock();
+        let Some(i) = shard.find(hash, &item.key) else {
+            return;
+        };
+        let slot = shard.slot_mut(i);
+        if !slot.completed || slot.token != item.token.get() {
+            return;
+        }
+        let until = slot.since.after(keep);
+        if until < slot.deadline {
+            slot.deadline = until;
+            self.note_death(&mut shard, i);
+        }
+    }
+
     /// Live completed keys after `after`, in encoded order.
     fn completed_keys(&self, after: Option<&Key>, limit: usize) -> Result<Vec<Key>, StoreError> {
         let after = after.map(Key::encode);
@@ -705,6 +723,13 @@ impl Tier for MemoryStore {
     async fn token_high_water(&self) -> Result<FencingToken, StoreError> {
         let next = self.records().next_token.load(Ordering::Relaxed);
         Ok(FencingToken::new(next.saturating_sub(1)))
+    }
+
+    async fn shorten(&self, items: &[Handover], keep: Duration) -> Result<(), StoreError> {
+        for item in items {
+            self.records().shorten(item, keep);
+        }
+        Ok(())
     }
 
     async fn completed_keys(

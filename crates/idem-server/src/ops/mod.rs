@@ -128,7 +128,7 @@ pub(crate) fn parse_age(s: &str) -> Result<Duration, String> {
 /// one process: there is nothing to look at from outside).
 pub(crate) async fn open(args: StoreArgs) -> Result<OpenStore, Failure> {
     let file = read_file(args.config.as_deref())?;
-    let settings = resolve_store(args, &file)?;
+    let mut settings = resolve_store(args, &file)?;
     init_logging(&settings.log)?;
     if settings.store.starts_with("memory:") {
         return Err(bad(
@@ -137,6 +137,22 @@ pub(crate) async fn open(args: StoreArgs) -> Result<OpenStore, Failure> {
              `idem serve` or `idem consume` runs on (file://, redis://, postgres://, mysql://)",
         )
         .into());
+    }
+    if matches!(settings.store.as_str(), "tiered" | "tiered://") {
+        let t = &mut settings.tiered;
+        if t.hot.starts_with("memory:") {
+            return Err(bad(
+                "store",
+                "a tiered store's memory hot tier lives inside the process that serves it: ask \
+                 that server over HTTP (curl 'HOST:PORT/v1/NS/record?key=KEY'), or point --store \
+                 at the cold tier for completed history",
+            )
+            .into());
+        }
+        // An operator's look reads and acts on the real tiers: no filter
+        // to rebuild, and nothing moved on the way.
+        t.filter_items = None;
+        t.sweep_handovers = false;
     }
     let file = settings.store.starts_with("file://");
     store_url::open(&settings).await.map_err(|e| match e {

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod consume;
+pub mod gate;
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -216,4 +217,22 @@ pub fn unique(prefix: &str) -> String {
         .unwrap()
         .as_nanos();
     format!("{prefix}-{}-{nanos}", std::process::id())
+}
+
+/// The test PostgreSQL's URL for `table`, migrated by `idem migrate`;
+/// `None` (after saying why) when PostgreSQL is absent and not required.
+pub fn postgres_table(table: &str) -> Option<String> {
+    let pg = idem_testkit::services::url(
+        "IDEM_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    );
+    let url = format!(
+        "{pg}{}table={table}",
+        if pg.contains('?') { '&' } else { '?' }
+    );
+    let (code, _, err) = run(&["migrate", "--store", &url], &[]);
+    if code != 0 {
+        return idem_testkit::services::absent("PostgreSQL", &pg, err);
+    }
+    Some(url)
 }

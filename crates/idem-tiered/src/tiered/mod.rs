@@ -11,14 +11,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::future::join_all;
-use idem_core::tier::{ImportItem, Imported, Tier};
+use idem_core::tier::{Handover, ImportItem, Imported, SoleFront, Tier};
 use idem_core::{
     Begin, BeginItem, Clock, CompleteItem, Completed, Entry, Fenced, FencingToken, Fingerprint,
     Key, Lease, Limits, Record, ScanQuery, SharedClock, Store, StoreError, SystemClock, Timestamp,
 };
 
 use self::tokens::TokenBlocks;
-use self::write_behind::{WriteBehind, WriteBehindConfig};
+use self::write_behind::{READS_AT_ONCE, Tiers, WriteBehind, WriteBehindConfig};
 use crate::filter::KeyFilter;
 
 pub use self::write_behind::WriteBehindStats;
@@ -26,9 +26,57 @@ pub use self::write_behind::WriteBehindStats;
 /// How long the hot tier keeps a completed record by default.
 pub const DEFAULT_HOT_RETENTION: Duration = Duration::from_secs(3 * 3600);
 
-/// The shortest hot retention: a record on its way to the cold tier is read
-/// back from the hot tier, so it must stay there a little while.
+/// The shortest hot retention.
 pub const MIN_HOT_RETENTION: Duration = Duration::from_secs(1);
+
+/// Cold-tier lookups in flight at once for one `begin_many`.
+const COLD_CHECKS_AT_ONCE: usize = 64;
+
+/// How long the hot tier keeps a completed record once the cold tier has
+/// it: which records the hot tier alone keeps, and which the cold tier
+/// must keep too.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HotRetention(Duration);
+
+impl HotRetention {
+    pub(crate) fn get(self) -> Duration {
+        self.0
+    }
+
+    /// Whether the hot tier keeps a record completed with `retention` for
+    /// all of it, so the cold tier need not hold it.
+    pub(crate) fn covers(self, retention: Duration) -> bool {
+        retention < self.0
+    }
+
+    /// [`covers`](Self::covers) for a record as a tier holds it.
+    pub(crate) fn covers_record(self, c: &Completed) -> bool {
+        self.covers(c.expires_at.since(c.completed_at))
+    }
+}
+
+/// When a [`TieredStore`] answers a `complete` whose record goes to the
+/// cold tier, and so what a crash of the process can lose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Acknowledgement {
+    /// Once the cold tier holds the record: a crash loses no acknowledged
+    /// completion. The default with a memory hot tier, and what
+    /// [`write_through`](TieredStoreBuilder::write_through) asks for.
+    AfterCold,
+    /// Once a hot tier that outlives the process (Redis) holds the record
+    /// for its whole retention and has it on its list of handovers: a
+    /// crash of the process loses nothing (the next process to open the
+    /// store moves what is listed); the hot tier's own durability bounds
+    /// it. The default with such a hot tier.
+    AfterHot,
+    /// Once a memory hot tier holds it: a crash of the process loses
+    /// every completion still on its way to the cold tier
+    /// ([`WriteBehindStats::unprotected`], the gauge
+    /// `idem_tiered_unprotected_completions`). Only when asked for with
+    /// [`ack_before_cold`](TieredStoreBuilder::ack_before_cold).
+    BeforeColdUnprotected,
+}
 
 /// A hot tier in front of a cold one, with an optional key filter in front
 /// of the cold tier; itself a [`Store`] that passes the conformance kit.
@@ -37,26 +85,29 @@ pub const MIN_HOT_RETENTION: Duration = Duration::from_secs(1);
 ///   checked against the cold tier, unless the filter says it is
 ///   certainly new; a completed record found there is brought back into
 ///   the hot tier and replayed.
-/// - `complete` completes in the hot tier, keeping the record there for
-///   at most the hot retention; a record kept longer is queued for the
-///   cold tier (write-behind: batched imports, a bounded queue that makes
-///   `complete` wait when full, flushed by [`flush`](Self::flush)).
+/// - `complete` completes in the hot tier with the whole retention. A
+///   record the hot tier does not keep for all of it (or every record, with
+///   a memory hot tier) is queued for the cold tier (write-behind: batched
+///   imports, a bounded queue that makes `complete` wait when full); once
+///   the cold tier holds it, the hot copy is shortened to the hot
+///   retention. A record is never in neither tier.
 /// - `release` and `extend` concern claims, which live in the hot tier
 ///   only; `get` and `scan` read both tiers.
 ///
 /// # What a crash can lose
 ///
-/// A completion is acknowledged once the hot tier has it. Until the
-/// write-behind queue has imported it into the cold tier (milliseconds
-/// under normal load; [`flush`](Self::flush) and a graceful shutdown wait
-/// for it), it exists only in the hot tier: a Redis hot tier keeps it
-/// protected through a crash of this process; a memory hot tier loses it
-/// with the process, and a redelivery of that key would run again. Claims
-/// in progress in a memory hot tier are lost likewise (their redeliveries
-/// run again, as after a lease expiry). Tokens never go back: the hot
-/// tier's floor is raised to the cold tier's high-water mark when the
-/// store opens, and a memory hot tier's tokens are reserved in the cold
-/// tier in blocks before they are handed out.
+/// See [`Acknowledgement`]: by default nothing acknowledged. With a memory
+/// hot tier `complete` answers once the cold tier holds the record (group
+/// commit keeps that cheap: the queue imports in batches). With a hot tier
+/// that outlives the process (Redis) it answers once the hot tier holds
+/// the record for its whole retention and has it on its list of handovers;
+/// a process that opens the store later moves to the cold tier what a
+/// crashed one left there. Claims in progress in a memory hot tier are
+/// lost with the process (their redeliveries run again, as after a lease
+/// expiry). Tokens never go back: the hot tier's floor is raised to the
+/// cold tier's high-water mark when the store opens, and a memory hot
+/// tier's tokens are reserved in the cold tier in blocks before they are
+/// handed out.
 ///
 /// # Cancel safety
 ///
@@ -64,9 +115,10 @@ pub const MIN_HOT_RETENTION: Duration = Duration::from_secs(1);
 ///   cold check ends with its lease, as for any store; a record brought
 ///   back from the cold tier is imported in full or not at all.
 /// - `complete`: runs to the end in a task of its own once started (the
-///   hot tier's completion and its place in the write-behind queue), so a
-///   caller that leaves cannot leave a completion the cold tier never
-///   gets. A caller waiting for room in a full queue has changed nothing.
+///   hot tier's completion, its listing and its place in the write-behind
+///   queue), so a caller that leaves cannot leave a completion the cold
+///   tier never gets. A caller waiting for room in a full queue has
+///   changed nothing.
 /// - the rest: as the hot tier's, or read-only.
 pub struct TieredStore<H, C> {
     shared: Arc<Shared<H, C>>,
@@ -85,11 +137,19 @@ struct Shared<H, C> {
     cold: C,
     filter: Option<Arc<KeyFilter>>,
     clock: SharedClock,
-    hot_retention: Duration,
-    write_through: bool,
+    hot_retention: HotRetention,
+    acknowledgement: Acknowledgement,
+    /// Every completion goes to the cold tier, not only those the hot tier
+    /// does not keep for their whole retention.
+    all_to_cold: bool,
+    /// The hot tier's list of handovers, when it keeps one.
+    list: Option<String>,
     limits: Limits,
     behind: WriteBehind,
     tokens: TokenBlocks,
+    /// The cold tier, held as this process's alone while a volatile hot
+    /// tier is in front of it.
+    _sole: Option<SoleFront>,
 }
 
 /// Configures a [`TieredStore`].
@@ -100,6 +160,8 @@ pub struct TieredStoreBuilder<H, C> {
     clock: SharedClock,
     hot_retention: Duration,
     write_through: bool,
+    ack_before_cold: bool,
+    handover_list: String,
     write_behind: WriteBehindConfig,
 }
 
@@ -113,6 +175,8 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStore<H, C> {
             clock: Arc::new(SystemClock),
             hot_retention: DEFAULT_HOT_RETENTION,
             write_through: false,
+            ack_before_cold: false,
+            handover_list: "default".to_owned(),
             write_behind: WriteBehindConfig::default(),
         }
     }
@@ -132,6 +196,11 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStore<H, C> {
         self.shared.filter.as_ref()
     }
 
+    /// When `complete` answers, and so what a crash can lose.
+    pub fn acknowledgement(&self) -> Acknowledgement {
+        self.shared.acknowledgement
+    }
+
     /// Waits until every completion queued so far is in the cold tier (or
     /// was given up: see [`WriteBehindStats`]). Returns at once if the task
     /// that imports them has stopped (a panic in the cold tier's code):
@@ -144,23 +213,38 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStore<H, C> {
         self.shared.behind.flush().await;
     }
 
+    /// [`flush`](Self::flush) for at most `limit`: a cold tier that is
+    /// down would make it wait for ever. Returns the records still queued
+    /// then (0: all in the cold tier); what becomes of them is
+    /// [`acknowledgement`](Self::acknowledgement)'s to say.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only waits.
+    pub async fn flush_within(&self, limit: Duration) -> u64 {
+        let _ = tokio::time::timeout(limit, self.flush()).await;
+        self.shared.behind.stats().pending
+    }
+
     /// What the write-behind queue has done so far.
     pub fn write_behind(&self) -> WriteBehindStats {
         self.shared.behind.stats()
     }
 
-    /// Completes `items`: in the hot tier only when it keeps them for their
-    /// whole retention, else also towards the cold tier.
+    /// Whether the record of `item` goes to the cold tier.
+    fn to_cold(&self, item: &CompleteItem) -> bool {
+        self.shared.all_to_cold || !self.shared.hot_retention.covers(item.retention)
+    }
+
+    /// Completes `items`, queueing those the cold tier must hold.
     async fn complete_items(&self, items: Vec<CompleteItem>) -> Result<Vec<Fenced>, StoreError> {
-        if items
-            .iter()
-            .all(|i| i.retention < self.shared.hot_retention)
-        {
+        let moving = items.iter().filter(|i| self.to_cold(i)).count();
+        if moving == 0 {
             let mut answers = self.complete_in_hot(&items).await?;
             self.retried_in_cold(&items, &mut answers).await?;
             return Ok(answers);
         }
-        self.complete_behind(items).await
+        self.complete_behind(items, moving).await
     }
 
     /// One `complete`, or one `complete_many` for several.
@@ -177,93 +261,89 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStore<H, C> {
 
     /// A retried `complete` whose record has left the hot tier meets it in
     /// the cold tier: still `Ok` for the token that completed it. Turns
-    /// those `Stale` answers into `Ok`, and says which they were.
+    /// those `Stale` answers into `Ok`.
     async fn retried_in_cold(
         &self,
         items: &[CompleteItem],
         answers: &mut [Fenced],
-    ) -> Result<Vec<bool>, StoreError> {
-        let mut in_cold = vec![false; items.len()];
+    ) -> Result<(), StoreError> {
         for (n, item) in items.iter().enumerate() {
             if answers[n].is_stale()
                 && let Some(Record::Completed(c)) = self.shared.cold.get(&item.key).await?
                 && c.token == item.token
             {
                 answers[n] = Fenced::Ok(());
-                in_cold[n] = true;
             }
         }
-        Ok(in_cold)
+        Ok(())
     }
 
-    /// Completes `items` in the hot tier and queues those kept longer than
-    /// the hot retention for the cold tier, in a task of its own so that a
-    /// caller who leaves cannot cut it in half.
-    async fn complete_behind(&self, items: Vec<CompleteItem>) -> Result<Vec<Fenced>, StoreError> {
-        let hot_retention = self.shared.hot_retention;
-        let behind = items
-            .iter()
-            .filter(|i| i.retention >= hot_retention)
-            .count();
-        if behind > self.shared.behind.capacity() {
+    /// Completes `items` in the hot tier with their whole retention and
+    /// queues the `moving` ones the cold tier must hold, in a task of its
+    /// own so that a caller who leaves cannot cut it in half; answers as
+    /// [`acknowledgement`](Self::acknowledgement) says.
+    async fn complete_behind(
+        &self,
+        items: Vec<CompleteItem>,
+        moving: usize,
+    ) -> Result<Vec<Fenced>, StoreError> {
+        if moving > self.shared.behind.capacity() {
             return Err(StoreError::unavailable(format!(
-                "a batch of {behind} completions for the cold tier is larger than the write-behind queue ({}); raise its capacity or send smaller batches",
+                "a batch of {moving} completions for the cold tier is larger than the write-behind queue ({}); raise its capacity or send smaller batches",
                 self.shared.behind.capacity()
             )));
         }
-        let mut places = self.shared.behind.reserve(behind).await?;
+        let mut places = self.shared.behind.reserve(moving).await?;
         let this = self.clone();
         let task = tokio::spawn(async move {
-            let hot = &this.shared.hot;
-            let in_hot: Vec<CompleteItem> = items
+            let shared = &this.shared;
+            let mut answers = this.complete_in_hot(&items).await?;
+            let done: Vec<Handover> = items
                 .iter()
-                .map(|i| CompleteItem {
-                    retention: i.retention.min(hot_retention),
-                    ..i.clone()
+                .zip(&answers)
+                .filter(|(i, answer)| !answer.is_stale() && this.to_cold(i))
+                .map(|(i, _)| Handover {
+                    key: i.key.clone(),
+                    token: i.token,
                 })
                 .collect();
-            let mut answers = this.complete_in_hot(&in_hot).await?;
-            let in_cold = this.retried_in_cold(&items, &mut answers).await?;
-            let done: Vec<CompleteItem> = items
-                .into_iter()
-                .zip(answers.iter().zip(in_cold))
-                .filter(|(i, (answer, in_cold))| {
-                    i.retention >= hot_retention && !answer.is_stale() && !in_cold
-                })
-                .map(|(i, _)| i)
-                .collect();
-            let records = join_all(done.iter().map(|i| hot.get(&i.key))).await;
-            let mut waits = Vec::new();
-            for (item, record) in done.into_iter().zip(records) {
+            let hot = &shared.hot;
+            let mut records = Vec::with_capacity(done.len());
+            for chunk in done.chunks(READS_AT_ONCE) {
+                records.extend(join_all(chunk.iter().map(|h| hot.get(&h.key))).await);
+            }
+            if let Some(list) = &shared.list {
+                // Listed before anyone hears of it: a crash from here on
+                // leaves it for the next process to move.
+                hot.list_handovers(list, &done).await?;
+            }
+            let waits = shared.acknowledgement == Acknowledgement::AfterCold;
+            let mut reached = Vec::new();
+            for (handover, record) in done.into_iter().zip(records) {
                 let record = match record {
-                    // Completed earlier with a retention the hot tier
-                    // covers (this call was a retry): nothing to move.
-                    Ok(Some(Record::Completed(c)))
-                        if c.token == item.token
-                            && c.expires_at.since(c.completed_at) < hot_retention =>
-                    {
-                        continue;
-                    }
-                    Ok(Some(Record::Completed(c))) if c.token == item.token => Some(c),
+                    Ok(Some(Record::Completed(c))) if c.token == handover.token => Some(c),
                     _ => None,
                 };
-                let reached = this.shared.write_through.then(|| {
+                let told = waits.then(|| {
                     let (tx, rx) = tokio::sync::oneshot::channel();
-                    waits.push((item.key.clone(), rx));
+                    reached.push((handover.key.clone(), rx));
                     tx
                 });
-                let place = places.pop().expect("a place for each record kept longer");
-                place.send(item.key, item.retention, record, reached);
+                let place = places.pop().expect("a place for each record moving");
+                place.send(handover, record, told);
             }
-            Ok::<_, StoreError>((answers, waits))
+            // Queued first: an error reading the cold tier leaves nothing
+            // completed in the hot tier behind.
+            this.retried_in_cold(&items, &mut answers).await?;
+            Ok::<_, StoreError>((answers, reached))
         });
-        let (answers, waits) = task
+        let (answers, reached) = task
             .await
             .map_err(|e| StoreError::unavailable(format!("a completion task failed: {e}")))??;
-        for (key, reached) in waits {
+        for (key, reached) in reached {
             if reached.await != Ok(true) {
                 return Err(StoreError::unavailable(format!(
-                    "the completion of {key} is in the hot tier but did not reach the cold tier (see the write-behind counters); a retry by its holder is answered from the hot tier"
+                    "the completion of {key} is in the hot tier but did not reach the cold tier (see the write-behind counters); a retry by its holder waits for it again"
                 )));
             }
         }
@@ -271,7 +351,9 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStore<H, C> {
     }
 
     /// After the hot tier acquired `key` for a caller: the answer, once the
-    /// cold tier has been asked (unless the filter says the key is new).
+    /// cold tier has been asked (unless the filter says the key is new). A
+    /// claim whose caller will not hear of it (an error on the way) is
+    /// given back, so a retry starts clean.
     async fn settle_acquired(
         &self,
         key: &Key,
@@ -281,23 +363,32 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStore<H, C> {
         let Begin::Acquired(c) = &claim else {
             return Ok(claim);
         };
-        self.shared
-            .tokens
-            .issued(c.token, &self.shared.cold)
-            .await?;
-        if self.certainly_new(key) {
-            return Ok(claim);
-        }
         let token = c.token;
-        match self.shared.cold.get(key).await {
-            Ok(Some(Record::Completed(old))) => self.bring_back(key, fingerprint, old).await,
-            Ok(_) => Ok(claim),
+        let settled = self.settle(key, fingerprint, token).await;
+        match settled {
+            Ok(Some(answer)) => Ok(answer),
+            Ok(None) => Ok(claim),
             Err(e) => {
-                // Without the cold tier's answer the key cannot be called
-                // new: give the claim back so a retry starts clean.
                 let _ = self.shared.hot.release(key, token).await;
                 Err(e)
             }
+        }
+    }
+
+    /// What the claim of `key` by `token` answers: `None` when it stands.
+    async fn settle(
+        &self,
+        key: &Key,
+        fingerprint: Option<Fingerprint>,
+        token: FencingToken,
+    ) -> Result<Option<Begin>, StoreError> {
+        self.shared.tokens.issued(token, &self.shared.cold).await?;
+        if self.certainly_new(key) {
+            return Ok(None);
+        }
+        match self.shared.cold.get(key).await? {
+            Some(Record::Completed(old)) => self.bring_back(key, fingerprint, old).await.map(Some),
+            _ => Ok(None),
         }
     }
 
@@ -320,7 +411,11 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStore<H, C> {
         fingerprint: Option<Fingerprint>,
         old: Completed,
     ) -> Result<Begin, StoreError> {
-        let until = self.shared.clock.now().after(self.shared.hot_retention);
+        let until = self
+            .shared
+            .clock
+            .now()
+            .after(self.shared.hot_retention.get());
         let item = ImportItem {
             key: key.clone(),
             record: Completed {
@@ -359,19 +454,60 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStoreBuilder<H, C> {
         self
     }
 
-    /// How long the hot tier keeps a completed record (default 3 h, at
-    /// least [`MIN_HOT_RETENTION`]). A completion with a longer retention
-    /// also goes to the cold tier.
+    /// How long the hot tier keeps a completed record once the cold tier
+    /// has it (default 3 h, at least [`MIN_HOT_RETENTION`]). With a hot
+    /// tier that outlives the process, a completion with a longer retention
+    /// also goes to the cold tier; with a memory hot tier, every completion
+    /// does.
     pub fn hot_retention(mut self, d: Duration) -> Self {
         self.hot_retention = d.max(MIN_HOT_RETENTION);
         self
     }
 
     /// Whether `complete` answers only once its record is in the cold tier
-    /// (default `false`: once the hot tier has it). Slower, but a crash
-    /// then loses nothing a memory hot tier held.
+    /// (default `false`), whatever the hot tier: every completion then goes
+    /// to the cold tier. A memory hot tier does this unless
+    /// [`ack_before_cold`](Self::ack_before_cold) is set.
     pub fn write_through(mut self, on: bool) -> Self {
         self.write_through = on;
+        self
+    }
+
+    /// With a memory hot tier, answers `complete` once the hot tier holds
+    /// the record, before the cold tier does (default `false`). Faster for
+    /// a lone caller, but a crash of the process loses every completion
+    /// then on its way to the cold tier ([`WriteBehindStats::unprotected`]):
+    /// a redelivery of such a key runs again. No effect with a hot tier
+    /// that outlives the process, nor with
+    /// [`write_through`](Self::write_through).
+    pub fn ack_before_cold(mut self, on: bool) -> Self {
+        self.ack_before_cold = on;
+        self
+    }
+
+    /// The name of the hot tier's list of handovers (default `default`),
+    /// for a hot tier that keeps one: one name per cold tier, so that
+    /// stores sharing a Redis in front of different cold tiers never move
+    /// each other's records.
+    pub fn handover_list(mut self, name: impl Into<String>) -> Self {
+        self.handover_list = name.into();
+        self
+    }
+
+    /// How long a completion stays on the hot tier's list of handovers
+    /// before any process that has the store open moves it (default 30 s):
+    /// longer than a move takes, so a process that is alive is seldom
+    /// helped, and short enough that what a crashed one left moves soon.
+    pub fn handover_grace(mut self, d: Duration) -> Self {
+        self.write_behind.grace = d;
+        self
+    }
+
+    /// Whether this store moves what has been on the hot tier's list of
+    /// handovers for longer than the grace (default `true`). An operator's
+    /// short look at the store turns it off.
+    pub fn sweep_handovers(mut self, on: bool) -> Self {
+        self.write_behind.sweep = on;
         self
     }
 
@@ -388,10 +524,19 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStoreBuilder<H, C> {
         self
     }
 
-    /// Opens the store: raises the hot tier's token floor to the cold
-    /// tier's high-water mark and starts the write-behind queue. Needs a
-    /// Tokio runtime.
+    /// Opens the store: with a memory hot tier, holds the cold tier as this
+    /// process's alone ([`Tier::hold_sole_front`]: a second process fails
+    /// here, saying to use a hot tier the processes share); raises the hot
+    /// tier's token floor to the cold
+    /// tier's high-water mark and starts the write-behind queue (and, with
+    /// a hot tier that keeps a list of handovers, the sweep that moves what
+    /// earlier processes left on it). Needs a Tokio runtime.
     pub async fn open(self) -> Result<TieredStore<H, C>, StoreError> {
+        // First: a second process must not so much as raise a floor.
+        let sole = match H::VOLATILE {
+            true => Some(self.cold.hold_sole_front().await?),
+            false => None,
+        };
         let tokens = TokenBlocks::open(&self.hot, &self.cold).await?;
         let mut limits = self.hot.limits().clone();
         if let Some(f) = &self.filter {
@@ -399,12 +544,25 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStoreBuilder<H, C> {
             let kept = sizing.window * sizing.generations.saturating_sub(1);
             limits.max_retention = limits.max_retention.min(kept);
         }
+        let acknowledgement = if self.write_through || (H::VOLATILE && !self.ack_before_cold) {
+            Acknowledgement::AfterCold
+        } else if H::VOLATILE {
+            Acknowledgement::BeforeColdUnprotected
+        } else {
+            Acknowledgement::AfterHot
+        };
+        let list = H::KEEPS_HANDOVERS.then_some(self.handover_list);
+        let hot_retention = HotRetention(self.hot_retention);
         let behind = WriteBehind::start(
-            self.hot.clone(),
-            self.cold.clone(),
-            self.filter.clone(),
-            self.hot_retention,
+            Tiers {
+                hot: self.hot.clone(),
+                cold: self.cold.clone(),
+                filter: self.filter.clone(),
+                hot_retention,
+                list: list.clone(),
+            },
             self.write_behind,
+            acknowledgement == Acknowledgement::BeforeColdUnprotected,
         );
         Ok(TieredStore {
             shared: Arc::new(Shared {
@@ -412,11 +570,14 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStoreBuilder<H, C> {
                 cold: self.cold,
                 filter: self.filter,
                 clock: self.clock,
-                hot_retention: self.hot_retention,
-                write_through: self.write_through,
+                hot_retention,
+                acknowledgement,
+                all_to_cold: H::VOLATILE || self.write_through,
+                list,
                 limits,
                 behind,
                 tokens,
+                _sole: sole,
             }),
         })
     }
@@ -468,19 +629,21 @@ impl<H: Tier + Clone, C: Tier + Clone> Store for TieredStore<H, C> {
     }
 
     /// The hot tier's record, or the cold tier's completed one. A record
-    /// the hot tier keeps for less than its retention shows the cold
-    /// tier's copy, with the whole retention, once the write-behind queue
-    /// has brought it there.
+    /// the cold tier also holds shows the cold tier's copy, with the whole
+    /// retention; with the cold tier down, the hot tier's copy is answered
+    /// (its retention may then show the hot tier's).
     async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         match self.shared.hot.get(key).await? {
-            Some(Record::Completed(c))
-                if c.expires_at.since(c.completed_at) >= self.shared.hot_retention =>
-            {
-                match self.shared.cold.get(key).await? {
-                    Some(Record::Completed(cold)) if cold.token == c.token => {
+            Some(Record::Completed(c)) if !self.shared.hot_retention.covers_record(&c) => {
+                match self.shared.cold.get(key).await {
+                    Ok(Some(Record::Completed(cold))) if cold.token == c.token => {
                         Ok(Some(Record::Completed(cold)))
                     }
-                    _ => Ok(Some(Record::Completed(c))),
+                    Ok(_) => Ok(Some(Record::Completed(c))),
+                    Err(e) => {
+                        tracing::debug!(error = %e, %key, "the cold tier cannot answer; answering the hot tier's copy");
+                        Ok(Some(Record::Completed(c)))
+                    }
                 }
             }
             Some(r) => Ok(Some(r)),
@@ -491,14 +654,35 @@ impl<H: Tier + Clone, C: Tier + Clone> Store for TieredStore<H, C> {
         }
     }
 
+    /// Claims in the hot tier, then asks the cold tier about the keys it
+    /// acquired, a bounded number at a time. When one of those fails, every
+    /// claim of the batch is given back (its caller gets no tokens) and
+    /// the error answered.
     async fn begin_many(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
         // The hot tier checks the batch against the same limits.
         let claims = self.shared.hot.begin_many(items).await?;
-        let settled = items
-            .iter()
-            .zip(claims)
-            .map(|(item, claim)| self.settle_acquired(&item.key, item.fingerprint, claim));
-        join_all(settled).await.into_iter().collect()
+        let mut settled = Vec::with_capacity(items.len());
+        let mut claims = claims.into_iter();
+        for chunk in items.chunks(COLD_CHECKS_AT_ONCE) {
+            let answers = chunk
+                .iter()
+                .zip(claims.by_ref())
+                .map(|(item, claim)| self.settle_acquired(&item.key, item.fingerprint, claim));
+            settled.extend(join_all(answers).await);
+        }
+        if let Some(failed) = settled.iter().position(Result::is_err) {
+            for (item, answer) in items.iter().zip(&settled) {
+                if let Ok(Begin::Acquired(c)) = answer {
+                    let _ = self.shared.hot.release(&item.key, c.token).await;
+                }
+            }
+            return Err(settled
+                .into_iter()
+                .nth(failed)
+                .and_then(Result::err)
+                .expect("the failure found above"));
+        }
+        settled.into_iter().collect()
     }
 
     async fn complete_many(&self, items: &[CompleteItem]) -> Result<Vec<Fenced>, StoreError> {

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem_core::Key;
+use idem_core::tier::Handover;
+use idem_core::{FencingToken, Key};
 
 /// A Redis key of `key`'s: `idem:{N:K` then `suffix`.
 fn redis_key(key: &Key, suffix: &[u8]) -> Vec<u8> {
@@ -55,6 +56,31 @@ pub(crate) fn key_of(record_key: &[u8]) -> Option<Key> {
 /// The token high-water mark of the whole store (see `scripts/high_water.lua`).
 pub(crate) const HIGH_WATER_KEY: &str = "idem:token-high-water";
 
+/// The list of handovers named `list` (a sorted set), in a hash slot of
+/// its own.
+pub(crate) fn handover_list_key(list: &str) -> String {
+    format!("idem:{{handovers:{list}}}")
+}
+
+/// A member of a list of handovers: the key, encoded, then the token (8
+/// bytes, big-endian).
+pub(crate) fn handover_member(h: &Handover) -> Vec<u8> {
+    let mut member = h.key.encode();
+    member.extend_from_slice(&h.token.get().to_be_bytes());
+    member
+}
+
+/// The handover a list member names; `None` for a member idem did not
+/// write.
+pub(crate) fn handover_of(member: &[u8]) -> Option<Handover> {
+    let split = member.len().checked_sub(8)?;
+    let (key, token) = member.split_at(split);
+    Some(Handover {
+        key: Key::decode(key).ok()?,
+        token: FencingToken::new(u64::from_be_bytes(token.try_into().ok()?)),
+    })
+}
+
 /// A key of lock `name`: the lock itself (`suffix` empty), its token
 /// counter (`:t`), its queue (`:q`), the queue's deadlines (`:qd`), and
 /// the prefix of its waiters' wake lists (`:w:`).
@@ -71,7 +97,20 @@ pub(crate) fn millis(d: Duration) -> u64 {
 mod tests {
     use idem_core::Key;
 
-    use super::{key_of, record_key};
+    use idem_core::FencingToken;
+    use idem_core::tier::Handover;
+
+    use super::{handover_member, handover_of, key_of, record_key};
+
+    #[test]
+    fn a_handover_member_reads_back_as_its_handover() {
+        let h = Handover {
+            key: Key::new("orders", b"with\0bytes:}".to_vec()).unwrap(),
+            token: FencingToken::new(0x0102_0304_0506_0708),
+        };
+        assert_eq!(handover_of(&handover_member(&h)), Some(h));
+        assert_eq!(handover_of(b"short"), None);
+    }
 
     #[test]
     fn a_record_key_reads_back_as_its_key() {

@@ -19,6 +19,9 @@ pub(crate) struct Scripts {
     pub(crate) import: Script,
     pub(crate) completed: Script,
     pub(crate) high_water: Script,
+    pub(crate) shorten: Script,
+    pub(crate) list_handovers: Script,
+    pub(crate) handovers_due: Script,
 }
 
 /// A script from `scripts/`, its parts in order: the shared ones it needs
@@ -41,6 +44,9 @@ impl Scripts {
             import: script!("time.lua", "import.lua"),
             completed: script!("time.lua", "completed.lua"),
             high_water: script!("time.lua", "high_water.lua"),
+            shorten: script!("time.lua", "shorten.lua"),
+            list_handovers: script!("time.lua", "list_handovers.lua"),
+            handovers_due: script!("time.lua", "handovers_due.lua"),
         }
     }
 }
@@ -228,6 +234,9 @@ impl Inner {
             &self.scripts.import,
             &self.scripts.completed,
             &self.scripts.high_water,
+            &self.scripts.shorten,
+            &self.scripts.list_handovers,
+            &self.scripts.handovers_due,
         ] {
             s.prepare_invoke().load_async(conn).await?;
         }

@@ -3,12 +3,15 @@
 
 use std::time::{Duration, Instant};
 
-use idem_core::tier::{ImportItem, Imported, Tier};
+use idem_core::tier::{Handover, ImportItem, Imported, Tier};
 use idem_core::{FencingToken, Key, StoreError};
 use redis::{Cmd, Value};
 
 use crate::conn::Conn;
-use crate::layout::{HIGH_WATER_KEY, RECORD_PATTERN, key_of, millis, record_key};
+use crate::layout::{
+    HIGH_WATER_KEY, RECORD_PATTERN, handover_list_key, handover_member, handover_of, key_of,
+    millis, record_key,
+};
 use crate::reply::{LATEST_MS, corrupt, number, pack_completed, unavailable};
 use crate::script::ScriptItem;
 use crate::store::{Inner, RedisStore, TOKENS_PER_MS};
@@ -18,6 +21,9 @@ const FLOOR_WAIT: Duration = Duration::from_secs(1);
 
 /// How many keys `completed_keys` looks at in one round trip.
 const KEYS_PER_LOOK: usize = 1024;
+
+/// Most handovers listed or unlisted in one command.
+const HANDOVERS_PER_CALL: usize = 1024;
 
 /// The Redis store as either tier of a tiered store.
 ///
@@ -104,6 +110,83 @@ impl Tier for RedisStore {
             .saturating_mul(TOKENS_PER_MS)
             .saturating_add(TOKENS_PER_MS - 1);
         Ok(FencingToken::new(mark.max(issued)))
+    }
+
+    const KEEPS_HANDOVERS: bool = true;
+
+    async fn shorten(&self, items: &[Handover], keep: Duration) -> Result<(), StoreError> {
+        let inner = self.state();
+        let calls = items
+            .iter()
+            .map(|i| ScriptItem {
+                key: record_key(&i.key),
+                group: 0,
+            })
+            .collect();
+        let keep = millis(keep);
+        let shared = |_: &[usize], cmd: &mut Cmd| {
+            cmd.arg(keep);
+        };
+        let own = |i: usize, cmd: &mut Cmd| {
+            cmd.arg(&items[i].token.get().to_le_bytes()[..]);
+        };
+        let script = &inner.scripts.shorten;
+        for reply in inner
+            .run_script(&inner.conn, script, calls, shared, own, 0)
+            .await
+        {
+            reply?;
+        }
+        Ok(())
+    }
+
+    async fn list_handovers(&self, list: &str, items: &[Handover]) -> Result<(), StoreError> {
+        let inner = self.state();
+        for chunk in items.chunks(HANDOVERS_PER_CALL) {
+            let mut call = inner.scripts.list_handovers.key(handover_list_key(list));
+            for h in chunk {
+                call.arg(handover_member(h));
+            }
+            call.invoke_async::<Value>(&mut inner.conn())
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(())
+    }
+
+    async fn due_handovers(
+        &self,
+        list: &str,
+        listed_for: Duration,
+        limit: usize,
+    ) -> Result<Vec<Handover>, StoreError> {
+        let inner = self.state();
+        let members: Vec<Vec<u8>> = inner
+            .scripts
+            .handovers_due
+            .key(handover_list_key(list))
+            .arg(millis(listed_for))
+            .arg(limit)
+            .invoke_async(&mut inner.conn())
+            .await
+            .map_err(unavailable)?;
+        // A member idem did not write is skipped: it names no record.
+        Ok(members.iter().filter_map(|m| handover_of(m)).collect())
+    }
+
+    async fn unlist_handovers(&self, list: &str, items: &[Handover]) -> Result<(), StoreError> {
+        let inner = self.state();
+        for chunk in items.chunks(HANDOVERS_PER_CALL) {
+            let mut cmd = redis::cmd("ZREM");
+            cmd.arg(handover_list_key(list));
+            for h in chunk {
+                cmd.arg(handover_member(h));
+            }
+            cmd.query_async::<Value>(&mut inner.conn())
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(())
     }
 
     async fn completed_keys(

@@ -68,6 +68,7 @@ mod migrate;
 mod mysql;
 mod pg;
 mod row;
+mod sole;
 mod store;
 mod sweep;
 mod table;

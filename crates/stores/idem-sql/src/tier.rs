@@ -22,7 +22,7 @@ use std::cmp::Ordering;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use idem_core::tier::{ImportItem, Imported, Tier};
+use idem_core::tier::{ImportItem, Imported, SoleFront, Tier};
 use idem_core::{FencingToken, Key, Namespace, StoreError};
 use sqlx::AssertSqlSafe;
 
@@ -353,6 +353,12 @@ impl Tier for SqlStore {
 
     async fn token_high_water(&self) -> Result<FencingToken, StoreError> {
         self.records().token_high_water().await
+    }
+
+    /// A session-level advisory lock on the store's tables, on a
+    /// connection of its own held for the life of the answer.
+    async fn hold_sole_front(&self) -> Result<SoleFront, StoreError> {
+        self.records().hold_sole_front().await
     }
 
     async fn completed_keys(
