@@ -39,6 +39,36 @@ pub struct Handover {
     pub token: FencingToken,
 }
 
+/// A Bloom filter a hot tier keeps for a tiered store, shared by every
+/// process that uses that tier ([`Tier::SHARES_FILTER`]): the keys of the
+/// cold tier, so that a key none of them has seen is known new without
+/// asking it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedFilter {
+    /// Its name: one per cold tier.
+    pub name: String,
+    /// The keyed hash seed every process derives positions with.
+    pub seed: u128,
+    /// Bits of one generation, all of the store's parts together.
+    pub bits: u64,
+    /// Bits set per key.
+    pub hashes: u32,
+    /// How long one generation receives keys.
+    pub window: Duration,
+    /// Generations live at once: a key is kept at least `generations - 1`
+    /// windows after its insert.
+    pub generations: u32,
+}
+
+/// A key and the 64-bit keyed hash its filter positions come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FilterProbe {
+    /// The key.
+    pub key: Key,
+    /// Its hash under the filter's seed.
+    pub hash: u64,
+}
+
 /// A store held as the cold tier of one process's volatile hot tier, for
 /// as long as this lives (see [`Tier::hold_sole_front`]).
 pub struct SoleFront(Option<Box<dyn std::any::Any + Send + Sync>>);
@@ -185,6 +215,88 @@ pub trait Tier: Store {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let _ = (list, items);
         async { Ok(()) }
+    }
+
+    /// Whether the store keeps [`SharedFilter`]s: every process that uses
+    /// it sees one filter, so none calls new a key another one moved to
+    /// the cold tier.
+    const SHARES_FILTER: bool = false;
+
+    /// The filter named `proposed.name` as the store keeps it: `proposed`
+    /// when the store had none of that name (it is kept from then on),
+    /// else the one kept first, which every process then uses alike.
+    fn agree_filter(
+        &self,
+        proposed: &SharedFilter,
+    ) -> impl Future<Output = Result<SharedFilter, StoreError>> + Send {
+        let _ = proposed;
+        async {
+            Err(StoreError::unavailable(
+                "this store keeps no shared key filter (Tier::SHARES_FILTER is false)",
+            ))
+        }
+    }
+
+    /// Adds `probes` to the generation of `filter` receiving keys now.
+    fn filter_insert(
+        &self,
+        filter: &SharedFilter,
+        probes: &[FilterProbe],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (filter, probes);
+        async {
+            Err(StoreError::unavailable(
+                "this store keeps no shared key filter",
+            ))
+        }
+    }
+
+    /// For each probe, whether its key may have been inserted into a live
+    /// generation (`true`, "maybe") or certainly was not (`false`). Every
+    /// answer is "maybe" where the filter is not ready.
+    fn filter_check(
+        &self,
+        filter: &SharedFilter,
+        probes: &[FilterProbe],
+    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send {
+        let _ = filter;
+        let all = vec![true; probes.len()];
+        async move { Ok(all) }
+    }
+
+    /// Whether `filter` is ready everywhere in the store (rebuilt, and not
+    /// lost since).
+    fn filter_ready(
+        &self,
+        filter: &SharedFilter,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let _ = filter;
+        async { Ok(false) }
+    }
+
+    /// Marks `filter` ready: every key of the cold tier was inserted.
+    fn filter_mark_ready(
+        &self,
+        filter: &SharedFilter,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = filter;
+        async {
+            Err(StoreError::unavailable(
+                "this store keeps no shared key filter",
+            ))
+        }
+    }
+
+    /// Takes, or renews when `holder` has it, the right to rebuild
+    /// `filter` for `hold`; whether `holder` has it now.
+    fn filter_rebuild_lease(
+        &self,
+        filter: &SharedFilter,
+        holder: &str,
+        hold: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let _ = (filter, holder, hold);
+        async { Ok(false) }
     }
 
     /// Holds the store, for as long as the answer lives, as the cold tier

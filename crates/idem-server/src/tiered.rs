@@ -85,10 +85,19 @@ async fn assemble<H: Tier + Clone, C: Tier + Clone>(
     t: &TieredSettings,
 ) -> Result<OpenStore, Failure> {
     let clock: SharedClock = Arc::new(SystemClock);
+    // A hot tier every process shares (Redis) keeps the filter too, so that
+    // no process calls new a key another one moved to the cold tier; a
+    // memory hot tier, this process's alone, keeps it in memory.
+    let shared = H::SHARES_FILTER;
     let filter = match t.filter_items {
-        Some(items) => Some(Arc::new(filter(items, t, clock.now())?)),
-        None => None,
+        Some(items) if !shared => Some(Arc::new(filter(items, t, clock.now())?)),
+        _ => None,
     };
+    if shared && t.filter_items.is_some() && t.filter_snapshot.is_some() {
+        tracing::warn!(
+            "--filter-snapshot is not used: with a Redis hot tier the key filter lives in Redis, shared by every process"
+        );
+    }
     // One list of handovers per cold tier: stores sharing a Redis in front
     // of different cold tiers never move each other's records.
     let mut builder = TieredStore::builder(hot, cold.clone())
@@ -100,6 +109,9 @@ async fn assemble<H: Tier + Clone, C: Tier + Clone>(
         .sweep_handovers(t.sweep_handovers);
     if let Some(f) = &filter {
         builder = builder.filter(f.clone());
+    }
+    if let Some(items) = t.filter_items.filter(|_| shared) {
+        builder = builder.shared_filter(filter_config(items, t));
     }
     let store = builder.open().await.map_err(|e| {
         Failure::Run(format!(
@@ -129,8 +141,16 @@ async fn assemble<H: Tier + Clone, C: Tier + Clone>(
         description: format!(
             "tiered store: {hot_description} in front of {cold_description}, hot retention {} s, key filter {}, {}",
             t.hot_retention.as_secs(),
-            t.filter_items
-                .map_or("off".to_owned(), |n| format!("for {n} keys")),
+            match (t.filter_items, store.shared_filter()) {
+                (None, _) => "off".to_owned(),
+                (Some(_), Some(f)) => format!(
+                    "shared in the hot tier ({} bits a generation, {} generations of {} s)",
+                    f.bits,
+                    f.generations,
+                    f.window.as_secs()
+                ),
+                (Some(n), None) => format!("in memory, for {n} keys"),
+            },
             match acknowledgement {
                 Acknowledgement::AfterCold => "completions answered once the cold tier has them",
                 Acknowledgement::AfterHot =>
@@ -170,10 +190,18 @@ fn left_at_shutdown(left: u64, acknowledgement: Acknowledgement, waited: Duratio
     }
 }
 
-/// The filter: from its snapshot when there is a good one, else empty.
-fn filter(items: u64, t: &TieredSettings, now: idem_core::Timestamp) -> Result<KeyFilter, Failure> {
+/// The filter's settings: for a shared filter, what the first process to
+/// open it proposes (a random seed unless --filter-seed is given; later
+/// processes use the one kept).
+fn filter_config(items: u64, t: &TieredSettings) -> FilterConfig {
     let seed = FilterSeed::new(t.filter_seed.unwrap_or_else(random_seed));
-    let config = FilterConfig::new(seed, items, t.filter_retention);
+    FilterConfig::new(seed, items, t.filter_retention)
+}
+
+/// The filter in memory: from its snapshot when there is a good one, else
+/// empty.
+fn filter(items: u64, t: &TieredSettings, now: idem_core::Timestamp) -> Result<KeyFilter, Failure> {
+    let config = filter_config(items, t);
     if let Some(path) = &t.filter_snapshot
         && path.exists()
     {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem_core::layer::StoreWrapper;
-use idem_core::tier::{Handover, ImportItem, Imported, Tier};
+use idem_core::tier::{FilterProbe, Handover, ImportItem, Imported, SharedFilter, Tier};
 use idem_core::{
     Begin, BeginItem, CompleteItem, Entry, Fenced, FencingToken, Fingerprint, Key, Lease, Record,
     ScanQuery, Store, StoreError, Timestamp,
@@ -176,6 +176,51 @@ impl<S: Tier> Tier for Switchable<S> {
     }
 
     const KEEPS_HANDOVERS: bool = S::KEEPS_HANDOVERS;
+
+    const SHARES_FILTER: bool = S::SHARES_FILTER;
+
+    async fn agree_filter(&self, proposed: &SharedFilter) -> Result<SharedFilter, StoreError> {
+        self.check()?;
+        self.inner.agree_filter(proposed).await
+    }
+
+    async fn filter_insert(
+        &self,
+        filter: &SharedFilter,
+        probes: &[FilterProbe],
+    ) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.filter_insert(filter, probes).await
+    }
+
+    async fn filter_check(
+        &self,
+        filter: &SharedFilter,
+        probes: &[FilterProbe],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.check()?;
+        self.inner.filter_check(filter, probes).await
+    }
+
+    async fn filter_ready(&self, filter: &SharedFilter) -> Result<bool, StoreError> {
+        self.check()?;
+        self.inner.filter_ready(filter).await
+    }
+
+    async fn filter_mark_ready(&self, filter: &SharedFilter) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.filter_mark_ready(filter).await
+    }
+
+    async fn filter_rebuild_lease(
+        &self,
+        filter: &SharedFilter,
+        holder: &str,
+        hold: Duration,
+    ) -> Result<bool, StoreError> {
+        self.check()?;
+        self.inner.filter_rebuild_lease(filter, holder, hold).await
+    }
 
     async fn shorten(&self, items: &[Handover], keep: Duration) -> Result<(), StoreError> {
         self.check()?;

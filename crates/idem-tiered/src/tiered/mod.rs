@@ -3,6 +3,7 @@
 //! filter in front of the cold tier answers "certainly new" for most new
 //! keys without touching it (docs/high-volume.md).
 
+mod key_check;
 mod tokens;
 mod write_behind;
 
@@ -11,15 +12,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::future::join_all;
-use idem_core::tier::{Handover, ImportItem, Imported, SoleFront, Tier};
+use idem_core::tier::{Handover, ImportItem, Imported, SharedFilter, SoleFront, Tier};
 use idem_core::{
     Begin, BeginItem, Clock, CompleteItem, Completed, Entry, Fenced, FencingToken, Fingerprint,
     Key, Lease, Limits, Record, ScanQuery, SharedClock, Store, StoreError, SystemClock, Timestamp,
 };
 
+use self::key_check::KeyCheck;
 use self::tokens::TokenBlocks;
 use self::write_behind::{READS_AT_ONCE, Tiers, WriteBehind, WriteBehindConfig};
-use crate::filter::KeyFilter;
+use crate::filter::{FilterConfig, KeyFilter};
 
 pub use self::write_behind::WriteBehindStats;
 
@@ -135,7 +137,7 @@ impl<H, C> Clone for TieredStore<H, C> {
 struct Shared<H, C> {
     hot: H,
     cold: C,
-    filter: Option<Arc<KeyFilter>>,
+    check: KeyCheck,
     clock: SharedClock,
     hot_retention: HotRetention,
     acknowledgement: Acknowledgement,
@@ -150,6 +152,9 @@ struct Shared<H, C> {
     /// The cold tier, held as this process's alone while a volatile hot
     /// tier is in front of it.
     _sole: Option<SoleFront>,
+    /// Held while the store is open: the shared filter's upkeep ends with
+    /// it.
+    _open: Arc<()>,
 }
 
 /// Configures a [`TieredStore`].
@@ -157,6 +162,7 @@ pub struct TieredStoreBuilder<H, C> {
     hot: H,
     cold: C,
     filter: Option<Arc<KeyFilter>>,
+    shared_filter: Option<FilterConfig>,
     clock: SharedClock,
     hot_retention: Duration,
     write_through: bool,
@@ -172,6 +178,7 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStore<H, C> {
             hot,
             cold,
             filter: None,
+            shared_filter: None,
             clock: Arc::new(SystemClock),
             hot_retention: DEFAULT_HOT_RETENTION,
             write_through: false,
@@ -191,9 +198,21 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStore<H, C> {
         &self.shared.cold
     }
 
-    /// The key filter, if there is one.
+    /// The key filter in this process's memory, if there is one.
     pub fn filter(&self) -> Option<&Arc<KeyFilter>> {
-        self.shared.filter.as_ref()
+        match &self.shared.check {
+            KeyCheck::Local(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// The key filter the hot tier keeps for every process, if there is
+    /// one, with the settings every process agreed on.
+    pub fn shared_filter(&self) -> Option<&SharedFilter> {
+        match &self.shared.check {
+            KeyCheck::Shared(s) => Some(&s.filter),
+            _ => None,
+        }
     }
 
     /// When `complete` answers, and so what a crash can lose.
@@ -350,57 +369,81 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStore<H, C> {
         Ok(answers)
     }
 
-    /// After the hot tier acquired `key` for a caller: the answer, once the
-    /// cold tier has been asked (unless the filter says the key is new). A
-    /// claim whose caller will not hear of it (an error on the way) is
-    /// given back, so a retry starts clean.
-    async fn settle_acquired(
-        &self,
-        key: &Key,
-        fingerprint: Option<Fingerprint>,
-        claim: Begin,
-    ) -> Result<Begin, StoreError> {
-        let Begin::Acquired(c) = &claim else {
-            return Ok(claim);
-        };
-        let token = c.token;
-        let settled = self.settle(key, fingerprint, token).await;
-        match settled {
-            Ok(Some(answer)) => Ok(answer),
-            Ok(None) => Ok(claim),
-            Err(e) => {
-                let _ = self.shared.hot.release(key, token).await;
-                Err(e)
-            }
-        }
-    }
-
-    /// What the claim of `key` by `token` answers: `None` when it stands.
+    /// The answers to callers whose `items` the hot tier answered with
+    /// `claims`: a claim stands unless the cold tier holds the key's
+    /// completed record (asked unless the filter says the key is new), which
+    /// is then brought back and answered. A claim whose caller will not
+    /// hear of it (an error on the way) is given back, so a retry starts
+    /// clean.
     async fn settle(
         &self,
+        items: &[(&Key, Option<Fingerprint>)],
+        claims: Vec<Begin>,
+    ) -> Vec<Result<Begin, StoreError>> {
+        let shared = &self.shared;
+        let tokens: Vec<Option<FencingToken>> = claims
+            .iter()
+            .map(|c| match c {
+                Begin::Acquired(c) => Some(c.token),
+                _ => None,
+            })
+            .collect();
+        let token = |i: usize| tokens[i].expect("only acquired claims are settled");
+        let acquired: Vec<usize> = (0..claims.len()).filter(|&i| tokens[i].is_some()).collect();
+        let mut answers: Vec<Result<Begin, StoreError>> = claims.into_iter().map(Ok).collect();
+        let Some(highest) = tokens.iter().flatten().max().copied() else {
+            return answers;
+        };
+        // Reserving past the highest reserves the others too.
+        if let Err(e) = shared.tokens.issued(highest, &shared.cold).await {
+            let why = e.to_string();
+            for &i in &acquired {
+                let _ = shared.hot.release(items[i].0, token(i)).await;
+                answers[i] = Err(StoreError::unavailable(format!(
+                    "reserving tokens in the cold tier failed: {why}"
+                )));
+            }
+            return answers;
+        }
+        let keys: Vec<&Key> = acquired.iter().map(|&i| items[i].0).collect();
+        let maybe = shared.check.may_be_cold(&shared.hot, &keys).await;
+        let asked: Vec<usize> = acquired
+            .iter()
+            .zip(maybe)
+            .filter(|(_, maybe)| *maybe)
+            .map(|(&i, _)| i)
+            .collect();
+        for chunk in asked.chunks(COLD_CHECKS_AT_ONCE) {
+            let found = join_all(chunk.iter().map(|&i| {
+                let (key, fingerprint) = items[i];
+                self.cold_answer(key, fingerprint)
+            }))
+            .await;
+            for (&i, found) in chunk.iter().zip(found) {
+                match found {
+                    Ok(Some(answer)) => answers[i] = Ok(answer),
+                    Ok(None) => {}
+                    Err(e) => {
+                        let _ = shared.hot.release(items[i].0, token(i)).await;
+                        answers[i] = Err(e);
+                    }
+                }
+            }
+        }
+        answers
+    }
+
+    /// The answer the cold tier's completed record of `key` gives, once
+    /// brought back into the hot tier; `None` when it has none.
+    async fn cold_answer(
+        &self,
         key: &Key,
         fingerprint: Option<Fingerprint>,
-        token: FencingToken,
     ) -> Result<Option<Begin>, StoreError> {
-        self.shared.tokens.issued(token, &self.shared.cold).await?;
-        if self.certainly_new(key) {
-            return Ok(None);
-        }
         match self.shared.cold.get(key).await? {
             Some(Record::Completed(old)) => self.bring_back(key, fingerprint, old).await.map(Some),
             _ => Ok(None),
         }
-    }
-
-    fn certainly_new(&self, key: &Key) -> bool {
-        let absent = self
-            .shared
-            .filter
-            .as_ref()
-            .is_some_and(|f| f.check(key).is_absent());
-        metrics::counter!("idem_tiered_cold_checks_total", "answer" => if absent { "skipped" } else { "asked" })
-            .increment(1);
-        absent
     }
 
     /// Imports a record found only in the cold tier into the hot tier (over
@@ -439,11 +482,27 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStore<H, C> {
 }
 
 impl<H: Tier + Clone, C: Tier + Clone> TieredStoreBuilder<H, C> {
-    /// A key filter in front of the cold tier. Its window must cover the
-    /// longest retention the store accepts: the store's `max_retention` is
-    /// cut to it.
+    /// A key filter in front of the cold tier, in this process's memory:
+    /// for a hot tier only this process uses (memory). Its window must
+    /// cover the longest retention the store accepts: the store's
+    /// `max_retention` is cut to it.
     pub fn filter(mut self, filter: Arc<KeyFilter>) -> Self {
         self.filter = Some(filter);
+        self
+    }
+
+    /// A key filter in front of the cold tier kept in the hot tier, shared
+    /// by every process that uses it ([`Tier::SHARES_FILTER`]: Redis), so
+    /// that none calls new a key another moved to the cold tier. Sized and
+    /// seeded from `config` by the first process to open it; later ones use
+    /// those settings (named by [`handover_list`](Self::handover_list)).
+    /// While it is not ready (new, or lost with the hot tier's data), every
+    /// new key is looked up in the cold tier, and one process rebuilds it.
+    /// The store's `max_retention` is cut to its window, as for
+    /// [`filter`](Self::filter). Costs one hot-tier round trip per batch of
+    /// new keys.
+    pub fn shared_filter(mut self, config: FilterConfig) -> Self {
+        self.shared_filter = Some(config);
         self
     }
 
@@ -539,10 +598,35 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStoreBuilder<H, C> {
         };
         let tokens = TokenBlocks::open(&self.hot, &self.cold).await?;
         let mut limits = self.hot.limits().clone();
-        if let Some(f) = &self.filter {
-            let sizing = f.sizing();
-            let kept = sizing.window * sizing.generations.saturating_sub(1);
-            limits.max_retention = limits.max_retention.min(kept);
+        let check = match (self.filter.clone(), &self.shared_filter) {
+            (Some(_), Some(_)) => {
+                return Err(StoreError::unavailable(
+                    "a tiered store takes a filter in memory or a shared one, not both",
+                ));
+            }
+            (Some(f), None) => {
+                let sizing = f.sizing();
+                let kept = sizing.window * sizing.generations.saturating_sub(1);
+                limits.max_retention = limits.max_retention.min(kept);
+                KeyCheck::Local(f)
+            }
+            (None, Some(config)) => {
+                let filter = self.agree_filter(config).await?;
+                let kept = filter.window * filter.generations.saturating_sub(1);
+                limits.max_retention = limits.max_retention.min(kept);
+                KeyCheck::Shared(Arc::new(key_check::Shared::new(filter)))
+            }
+            (None, None) => KeyCheck::Off,
+        };
+        let open = Arc::new(());
+        if let KeyCheck::Shared(shared) = &check {
+            let alive = Arc::downgrade(&open);
+            tokio::spawn(key_check::keep_ready(
+                shared.clone(),
+                self.hot.clone(),
+                self.cold.clone(),
+                move || alive.strong_count() > 0,
+            ));
         }
         let acknowledgement = if self.write_through || (H::VOLATILE && !self.ack_before_cold) {
             Acknowledgement::AfterCold
@@ -557,7 +641,7 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStoreBuilder<H, C> {
             Tiers {
                 hot: self.hot.clone(),
                 cold: self.cold.clone(),
-                filter: self.filter.clone(),
+                check: check.clone(),
                 hot_retention,
                 list: list.clone(),
             },
@@ -568,7 +652,7 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStoreBuilder<H, C> {
             shared: Arc::new(Shared {
                 hot: self.hot,
                 cold: self.cold,
-                filter: self.filter,
+                check,
                 clock: self.clock,
                 hot_retention,
                 acknowledgement,
@@ -578,8 +662,41 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStoreBuilder<H, C> {
                 behind,
                 tokens,
                 _sole: sole,
+                _open: open,
             }),
         })
+    }
+}
+
+impl<H: Tier + Clone, C: Tier + Clone> TieredStoreBuilder<H, C> {
+    /// The shared filter `config` asks for, as the hot tier keeps it.
+    async fn agree_filter(&self, config: &FilterConfig) -> Result<SharedFilter, StoreError> {
+        if !H::SHARES_FILTER {
+            return Err(StoreError::unavailable(
+                "this hot tier keeps no shared key filter: give a memory hot tier a filter in memory (TieredStoreBuilder::filter), or use a Redis hot tier",
+            ));
+        }
+        let sizing = config
+            .sizing()
+            .map_err(|e| StoreError::unavailable(format!("the shared key filter: {e}")))?;
+        let proposed = SharedFilter {
+            name: self.handover_list.clone(),
+            seed: config.seed.secret(),
+            bits: sizing.generation.bits,
+            hashes: sizing.generation.hashes,
+            window: sizing.window,
+            generations: sizing.generations,
+        };
+        let agreed = self.hot.agree_filter(&proposed).await?;
+        if agreed != proposed {
+            tracing::warn!(
+                kept_bits = agreed.bits,
+                kept_window_ms = agreed.window.as_millis() as u64,
+                kept_generations = agreed.generations,
+                "the shared key filter was first opened with other settings (or another seed); using those, as every process must"
+            );
+        }
+        Ok(agreed)
     }
 }
 
@@ -592,7 +709,8 @@ impl<H: Tier + Clone, C: Tier + Clone> Store for TieredStore<H, C> {
     ) -> Result<Begin, StoreError> {
         // The hot tier checks key and lease against the same limits.
         let claim = self.shared.hot.begin(key, fingerprint, lease).await?;
-        self.settle_acquired(key, fingerprint, claim).await
+        let mut answers = self.settle(&[(key, fingerprint)], vec![claim]).await;
+        answers.pop().expect("one answer per item")
     }
 
     async fn complete(
@@ -661,15 +779,9 @@ impl<H: Tier + Clone, C: Tier + Clone> Store for TieredStore<H, C> {
     async fn begin_many(&self, items: &[BeginItem]) -> Result<Vec<Begin>, StoreError> {
         // The hot tier checks the batch against the same limits.
         let claims = self.shared.hot.begin_many(items).await?;
-        let mut settled = Vec::with_capacity(items.len());
-        let mut claims = claims.into_iter();
-        for chunk in items.chunks(COLD_CHECKS_AT_ONCE) {
-            let answers = chunk
-                .iter()
-                .zip(claims.by_ref())
-                .map(|(item, claim)| self.settle_acquired(&item.key, item.fingerprint, claim));
-            settled.extend(join_all(answers).await);
-        }
+        let asked: Vec<(&Key, Option<Fingerprint>)> =
+            items.iter().map(|i| (&i.key, i.fingerprint)).collect();
+        let settled = self.settle(&asked, claims).await;
         if let Some(failed) = settled.iter().position(Result::is_err) {
             for (item, answer) in items.iter().zip(&settled) {
                 if let Ok(Begin::Acquired(c)) = answer {

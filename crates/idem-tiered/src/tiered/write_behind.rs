@@ -29,7 +29,7 @@ use parking_lot::Mutex;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::HotRetention;
-use crate::filter::KeyFilter;
+use super::key_check::KeyCheck;
 
 /// Hot-tier reads in flight at once while records are read back.
 pub(super) const READS_AT_ONCE: usize = 256;
@@ -191,7 +191,7 @@ impl Place {
 pub(super) struct Tiers<H, C> {
     pub hot: H,
     pub cold: C,
-    pub filter: Option<Arc<KeyFilter>>,
+    pub check: KeyCheck,
     pub hot_retention: HotRetention,
     /// The hot tier's list of handovers for this cold tier, when it keeps
     /// one.
@@ -412,11 +412,18 @@ impl<H: Tier, C: Tier> Worker<H, C> {
             reached.push(r.reached);
             handovers.push(r.handover);
         }
-        if let Some(filter) = &self.tiers.filter {
-            // Before the import: once the cold tier holds a key, the filter
-            // must never call it new.
-            for item in &items {
-                filter.insert(&item.key);
+        // Before the import: once the cold tier holds a key, the filter
+        // must never call it new.
+        let mut backoff = Backoff::default();
+        loop {
+            let keys: Vec<&idem_core::Key> = items.iter().map(|i| &i.key).collect();
+            match self.tiers.check.insert(&self.tiers.hot, &keys).await {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, records = items.len(), "adding keys to the shared key filter failed; retrying before they move");
+                    self.retried();
+                    backoff.wait().await;
+                }
             }
         }
         let mut backoff = Backoff::default();

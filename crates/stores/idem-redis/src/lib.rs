@@ -85,6 +85,7 @@ mod admin;
 mod builder;
 mod cluster;
 mod conn;
+mod filter;
 mod layout;
 mod lock;
 mod reply;

@@ -22,6 +22,10 @@ pub(crate) struct Scripts {
     pub(crate) shorten: Script,
     pub(crate) list_handovers: Script,
     pub(crate) handovers_due: Script,
+    pub(crate) filter_agree: Script,
+    pub(crate) filter_check: Script,
+    pub(crate) filter_insert: Script,
+    pub(crate) filter_lease: Script,
 }
 
 /// A script from `scripts/`, its parts in order: the shared ones it needs
@@ -47,6 +51,10 @@ impl Scripts {
             shorten: script!("time.lua", "shorten.lua"),
             list_handovers: script!("time.lua", "list_handovers.lua"),
             handovers_due: script!("time.lua", "handovers_due.lua"),
+            filter_agree: script!("filter_agree.lua"),
+            filter_check: script!("time.lua", "filter_check.lua"),
+            filter_insert: script!("time.lua", "filter_insert.lua"),
+            filter_lease: script!("filter_lease.lua"),
         }
     }
 }
@@ -237,6 +245,10 @@ impl Inner {
             &self.scripts.shorten,
             &self.scripts.list_handovers,
             &self.scripts.handovers_due,
+            &self.scripts.filter_agree,
+            &self.scripts.filter_check,
+            &self.scripts.filter_insert,
+            &self.scripts.filter_lease,
         ] {
             s.prepare_invoke().load_async(conn).await?;
         }

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use idem_core::tier::{Handover, ImportItem, Imported, Tier};
+use idem_core::tier::{FilterProbe, Handover, ImportItem, Imported, SharedFilter, Tier};
 use idem_core::{FencingToken, Key, StoreError};
 use redis::{Cmd, Value};
 
@@ -113,6 +113,47 @@ impl Tier for RedisStore {
     }
 
     const KEEPS_HANDOVERS: bool = true;
+
+    const SHARES_FILTER: bool = true;
+
+    async fn agree_filter(&self, proposed: &SharedFilter) -> Result<SharedFilter, StoreError> {
+        self.state().agree_filter(proposed).await
+    }
+
+    async fn filter_insert(
+        &self,
+        filter: &SharedFilter,
+        probes: &[FilterProbe],
+    ) -> Result<(), StoreError> {
+        self.state().filter_insert(filter, probes).await
+    }
+
+    async fn filter_check(
+        &self,
+        filter: &SharedFilter,
+        probes: &[FilterProbe],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.state().filter_check(filter, probes).await
+    }
+
+    async fn filter_ready(&self, filter: &SharedFilter) -> Result<bool, StoreError> {
+        self.state().filter_readiness(filter, false).await
+    }
+
+    async fn filter_mark_ready(&self, filter: &SharedFilter) -> Result<(), StoreError> {
+        self.state().filter_readiness(filter, true).await.map(drop)
+    }
+
+    async fn filter_rebuild_lease(
+        &self,
+        filter: &SharedFilter,
+        holder: &str,
+        hold: Duration,
+    ) -> Result<bool, StoreError> {
+        self.state()
+            .filter_rebuild_lease(filter, holder, hold)
+            .await
+    }
 
     async fn shorten(&self, items: &[Handover], keep: Duration) -> Result<(), StoreError> {
         let inner = self.state();
