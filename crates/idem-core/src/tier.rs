@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::{Completed, FencingToken, Key, Store, StoreError};
+use crate::{Completed, FencingToken, Key, Store, StoreError, Timestamp};
 
 /// A completed record, moved from one store to another with its own token
 /// and timestamps.
@@ -307,6 +307,14 @@ pub trait Tier: Store {
     /// open (the file store locks its directory; memory).
     fn hold_sole_front(&self) -> impl Future<Output = Result<SoleFront, StoreError>> + Send {
         async { Ok(SoleFront::nothing()) }
+    }
+
+    /// The latest `expires_at` of any completed record the store holds
+    /// (`None`: none, or the store cannot tell cheaply), or later: a
+    /// tiered store refuses a key filter that would forget keys the cold
+    /// tier still holds. An index lookup where the store has one.
+    fn latest_expiry(&self) -> impl Future<Output = Result<Option<Timestamp>, StoreError>> + Send {
+        async { Ok(None) }
     }
 
     /// Up to `limit` keys of live completed records, in [`Key::encode`]

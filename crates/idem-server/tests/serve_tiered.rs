@@ -256,3 +256,53 @@ async fn operators_act_on_the_real_tiers_or_are_told_where_to_look() {
     );
     assert_eq!(idem.terminate().await, 0);
 }
+
+/// Completes one key with a year's retention on plain `idem serve --store
+/// STORE`, then stops it.
+async fn complete_for_a_year(store: &str) {
+    let plain = start(&["serve", "--store", store], &[]).await;
+    let b = post(&plain.url("/v1/adopted/begin"), json!({"key": "kept"}))
+        .await
+        .json();
+    let done = post(
+        &plain.url("/v1/adopted/complete"),
+        json!({"key": "kept", "token": b["token"], "retention_ms": 365u64 * 24 * 3600 * 1000}),
+    )
+    .await;
+    assert_eq!(done.status, 200, "{}", done.problem(200));
+    assert_eq!(plain.terminate().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_tier_whose_records_outlive_the_filter_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = format!("file://{}", dir.path().display());
+    let mut colds = vec![file];
+    if let Some(pg) = support::postgres_table(&support::unique("adopted").replace('-', "_")) {
+        colds.push(pg);
+    }
+    for cold in colds {
+        complete_for_a_year(&cold).await;
+        let args = [
+            "serve",
+            "--store",
+            "tiered",
+            "--cold-store",
+            &cold,
+            "--listen",
+            "127.0.0.1:0",
+        ];
+        let (code, _, err) = run(&args, &[]);
+        assert_eq!(code, 1, "{cold}: {err}");
+        assert!(
+            err.contains("--filter-retention-ms") && err.contains("2592000000"),
+            "{cold}: {err}"
+        );
+        // Without the filter, or with one that keeps keys long enough, it
+        // serves.
+        let mut off = args.to_vec();
+        off.extend(["--filter-items", "0"]);
+        let idem = start(&off, &[]).await;
+        assert_eq!(idem.terminate().await, 0);
+    }
+}

@@ -179,6 +179,11 @@ impl<S: Tier> Tier for Switchable<S> {
 
     const SHARES_FILTER: bool = S::SHARES_FILTER;
 
+    async fn latest_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
+        self.check()?;
+        self.inner.latest_expiry().await
+    }
+
     async fn agree_filter(&self, proposed: &SharedFilter) -> Result<SharedFilter, StoreError> {
         self.check()?;
         self.inner.agree_filter(proposed).await

@@ -650,6 +650,21 @@ impl Inner {
         Ok(Imported::Written)
     }
 
+    /// The latest retention end of a completed record.
+    fn latest_expiry(&self) -> Option<Timestamp> {
+        self.shards
+            .iter()
+            .filter_map(|shard| {
+                let shard = shard.lock();
+                shard
+                    .slots()
+                    .filter(|s| s.completed)
+                    .map(|s| s.deadline)
+                    .max()
+            })
+            .max()
+    }
+
     /// Keeps the record `item` names at most `keep` past its completion.
     fn shorten(&self, item: &Handover, keep: Duration) {
         let hash = KeyHash::of(&self.hasher, &item.key);
@@ -723,6 +738,10 @@ impl Tier for MemoryStore {
     async fn token_high_water(&self) -> Result<FencingToken, StoreError> {
         let next = self.records().next_token.load(Ordering::Relaxed);
         Ok(FencingToken::new(next.saturating_sub(1)))
+    }
+
+    async fn latest_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
+        Ok(self.records().latest_expiry())
     }
 
     async fn shorten(&self, items: &[Handover], keep: Duration) -> Result<(), StoreError> {

@@ -618,6 +618,9 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStoreBuilder<H, C> {
             }
             (None, None) => KeyCheck::Off,
         };
+        if !matches!(check, KeyCheck::Off) {
+            self.check_cold_fits(limits.max_retention).await?;
+        }
         let open = Arc::new(());
         if let KeyCheck::Shared(shared) = &check {
             let alive = Arc::downgrade(&open);
@@ -669,6 +672,32 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStoreBuilder<H, C> {
 }
 
 impl<H: Tier + Clone, C: Tier + Clone> TieredStoreBuilder<H, C> {
+    /// Refuses a key filter that keeps keys for `kept` when the cold tier
+    /// holds records longer from now (written while the filter was off or
+    /// kept keys longer, or a store adopted as the cold tier): once the
+    /// filter forgot such a key, it would be called new while the cold tier
+    /// still holds it.
+    async fn check_cold_fits(&self, kept: Duration) -> Result<(), StoreError> {
+        let Some(latest) = self.cold.latest_expiry().await? else {
+            return Ok(());
+        };
+        let now = self.clock.now();
+        let needed = latest.since(now);
+        if needed <= kept {
+            return Ok(());
+        }
+        Err(StoreError::unavailable(format!(
+            "the cold tier holds completed records until {} ms since the epoch, {} ms from now, \
+             longer than the key filter keeps keys ({} ms): a key the filter forgot would be \
+             called new while the cold tier still holds it. Make the filter keep keys at least \
+             {} ms (--filter-retention-ms), or turn it off (--filter-items 0)",
+            latest.as_millis(),
+            needed.as_millis(),
+            kept.as_millis(),
+            needed.as_millis()
+        )))
+    }
+
     /// The shared filter `config` asks for, as the hot tier keeps it.
     async fn agree_filter(&self, config: &FilterConfig) -> Result<SharedFilter, StoreError> {
         if !H::SHARES_FILTER {

@@ -11,7 +11,7 @@ use idem_core::{FencingToken, Key, StoreError, Timestamp};
 use tokio::sync::oneshot;
 
 use crate::claims::{self, Claim, encoded};
-use crate::codec::{encode_completed, expires_at_of, expiry_key};
+use crate::codec::{encode_completed, expires_at_of, expiry_key, split_expiry_key};
 use crate::commit::{Job, Put};
 use crate::{FileStore, Inner, corrupt, off_workers, read_failed};
 
@@ -162,6 +162,15 @@ impl Inner {
     /// Up to `limit` keys of live completed records after `after`, in
     /// encoded order: a range read of `records`, which holds completed
     /// records only, reading each record's expiry from its header.
+    fn latest_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
+        self.check_healthy()?;
+        let Some(last) = self.expiry.last_key_value() else {
+            return Ok(None);
+        };
+        let key = last.key().map_err(read_failed)?;
+        Ok(split_expiry_key(&key).map(|(at, _)| at))
+    }
+
     fn completed_keys(&self, after: Option<&[u8]>, limit: usize) -> Result<Vec<Key>, StoreError> {
         self.check_healthy()?;
         let now = self.clock.now();
@@ -205,6 +214,12 @@ impl Tier for FileStore {
         let inner = self.records();
         inner.check_healthy()?;
         Ok(FencingToken::new(inner.tokens.high_water()))
+    }
+
+    /// The last entry of the expiry index (which may still name a record
+    /// replaced since: later, never earlier).
+    async fn latest_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
+        off_workers(self.records(), |inner| inner.latest_expiry()).await?
     }
 
     async fn completed_keys(

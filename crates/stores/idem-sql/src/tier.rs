@@ -23,12 +23,12 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use idem_core::tier::{ImportItem, Imported, SoleFront, Tier};
-use idem_core::{FencingToken, Key, Namespace, StoreError};
+use idem_core::{FencingToken, Key, Namespace, StoreError, Timestamp};
 use sqlx::AssertSqlSafe;
 
 use crate::error::FloorAheadOfClock;
 use crate::mysql::IMPORT_BINDS;
-use crate::row::token_in_range;
+use crate::row::{COMPLETED, token_in_range};
 use crate::store::{Db, Inner, SqlStore, in_row_order, key_bytes, retrying, rounds, statements};
 
 /// Tokens per millisecond of the database's clock.
@@ -208,6 +208,30 @@ impl Inner {
         Ok(FencingToken::new(u64::try_from(top).unwrap_or(0)))
     }
 
+    /// The latest retention end of a completed row, in any table.
+    async fn latest_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
+        let mut latest = None;
+        for table in self.tables.all() {
+            let sql = match &self.db {
+                Db::Postgres(_) => {
+                    format!("SELECT MAX(expires_at) FROM \"{table}\" WHERE state = {COMPLETED}")
+                }
+                Db::MySql(_) => {
+                    format!("SELECT MAX(expires_at) FROM `{table}` WHERE state = {COMPLETED}")
+                }
+            };
+            let (max,): (Option<i64>,) = retrying(|| async {
+                on_either!(&self.db, side => sqlx::query_as(AssertSqlSafe(sql.as_str()))
+                    .fetch_one(&side.pool)
+                    .await)
+                .map_err(crate::error::store)
+            })
+            .await?;
+            latest = latest.max(max);
+        }
+        Ok(latest.map(|ms| Timestamp::from_millis(u64::try_from(ms).unwrap_or(0))))
+    }
+
     /// Every table's namespaces, in encoded order.
     pub(crate) async fn namespaces(&self) -> Result<Vec<Vec<u8>>, StoreError> {
         let lists = join_all((0..self.tables.shards()).map(|shard| {
@@ -353,6 +377,12 @@ impl Tier for SqlStore {
 
     async fn token_high_water(&self) -> Result<FencingToken, StoreError> {
         self.records().token_high_water().await
+    }
+
+    /// `MAX(expires_at)` of each table's completed rows: the expiry index,
+    /// read from its end.
+    async fn latest_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
+        self.records().latest_expiry().await
     }
 
     /// A session-level advisory lock on the store's tables, on a
