@@ -7,6 +7,6 @@ pub mod filter;
 mod tiered;
 
 pub use tiered::{
-    Acknowledgement, DEFAULT_HOT_RETENTION, MIN_HOT_RETENTION, TieredStore, TieredStoreBuilder,
-    WriteBehindStats,
+    Acknowledgement, ColdChecks, DEFAULT_HOT_RETENTION, MIN_HOT_RETENTION, TieredStore,
+    TieredStoreBuilder, WriteBehindStats,
 };

@@ -10,6 +10,7 @@
 //!   whenever the hot tier says it is not ready (new, or lost).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use idem_core::tier::{FilterProbe, SharedFilter, Tier};
@@ -31,6 +32,42 @@ pub(crate) enum KeyCheck {
     Off,
     Local(Arc<KeyFilter>),
     Shared(Arc<Shared>),
+}
+
+/// How the keys the hot tier did not know were settled since the store
+/// opened: the filter's work, whichever filter it is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ColdChecks {
+    /// Looked up in the cold tier ("maybe", or no filter).
+    pub asked: u64,
+    /// Certainly new: the cold tier was spared.
+    pub skipped: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct ColdCheckCounts {
+    asked: AtomicU64,
+    skipped: AtomicU64,
+}
+
+impl ColdCheckCounts {
+    pub fn get(&self) -> ColdChecks {
+        ColdChecks {
+            asked: self.asked.load(Ordering::Relaxed),
+            skipped: self.skipped.load(Ordering::Relaxed),
+        }
+    }
+
+    fn count(&self, maybe: bool) {
+        let (n, answer) = if maybe {
+            (&self.asked, "asked")
+        } else {
+            (&self.skipped, "skipped")
+        };
+        n.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("idem_tiered_cold_checks_total", "answer" => answer).increment(1);
+    }
 }
 
 pub(crate) struct Shared {
@@ -57,7 +94,12 @@ impl Shared {
 impl KeyCheck {
     /// For each key, whether it may be in the cold tier (`false`: certainly
     /// new). A shared filter that cannot answer answers "maybe".
-    pub async fn may_be_cold<H: Tier>(&self, hot: &H, keys: &[&Key]) -> Vec<bool> {
+    pub async fn may_be_cold<H: Tier>(
+        &self,
+        hot: &H,
+        keys: &[&Key],
+        counts: &ColdCheckCounts,
+    ) -> Vec<bool> {
         let answers = match self {
             KeyCheck::Off => vec![true; keys.len()],
             KeyCheck::Local(f) => keys.iter().map(|k| !f.check(k).is_absent()).collect(),
@@ -73,8 +115,7 @@ impl KeyCheck {
             }
         };
         for maybe in &answers {
-            let answer = if *maybe { "asked" } else { "skipped" };
-            metrics::counter!("idem_tiered_cold_checks_total", "answer" => answer).increment(1);
+            counts.count(*maybe);
         }
         answers
     }

@@ -18,11 +18,12 @@ use idem_core::{
     Key, Lease, Limits, Record, ScanQuery, SharedClock, Store, StoreError, SystemClock, Timestamp,
 };
 
-use self::key_check::KeyCheck;
+use self::key_check::{ColdCheckCounts, KeyCheck};
 use self::tokens::TokenBlocks;
 use self::write_behind::{READS_AT_ONCE, Tiers, WriteBehind, WriteBehindConfig};
 use crate::filter::{FilterConfig, KeyFilter};
 
+pub use self::key_check::ColdChecks;
 pub use self::write_behind::WriteBehindStats;
 
 /// How long the hot tier keeps a completed record by default.
@@ -138,6 +139,7 @@ struct Shared<H, C> {
     hot: H,
     cold: C,
     check: KeyCheck,
+    cold_checks: ColdCheckCounts,
     clock: SharedClock,
     hot_retention: HotRetention,
     acknowledgement: Acknowledgement,
@@ -213,6 +215,12 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStore<H, C> {
             KeyCheck::Shared(s) => Some(&s.filter),
             _ => None,
         }
+    }
+
+    /// How the keys the hot tier did not know were settled: looked up in
+    /// the cold tier, or spared it by the filter.
+    pub fn cold_checks(&self) -> ColdChecks {
+        self.shared.cold_checks.get()
     }
 
     /// When `complete` answers, and so what a crash can lose.
@@ -406,7 +414,10 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStore<H, C> {
             return answers;
         }
         let keys: Vec<&Key> = acquired.iter().map(|&i| items[i].0).collect();
-        let maybe = shared.check.may_be_cold(&shared.hot, &keys).await;
+        let maybe = shared
+            .check
+            .may_be_cold(&shared.hot, &keys, &shared.cold_checks)
+            .await;
         let asked: Vec<usize> = acquired
             .iter()
             .zip(maybe)
@@ -604,6 +615,11 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStoreBuilder<H, C> {
                     "a tiered store takes a filter in memory or a shared one, not both",
                 ));
             }
+            (Some(_), None) if H::SHARES_FILTER => {
+                return Err(StoreError::unavailable(
+                    "a filter in this process's memory cannot stand in front of a hot tier other processes share: a key another process moved to the cold tier would be called new here; give the store a shared filter (TieredStoreBuilder::shared_filter)",
+                ));
+            }
             (Some(f), None) => {
                 let sizing = f.sizing();
                 let kept = sizing.window * sizing.generations.saturating_sub(1);
@@ -656,6 +672,7 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStoreBuilder<H, C> {
                 hot: self.hot,
                 cold: self.cold,
                 check,
+                cold_checks: ColdCheckCounts::default(),
                 clock: self.clock,
                 hot_retention,
                 acknowledgement,
