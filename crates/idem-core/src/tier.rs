@@ -58,6 +58,11 @@ pub struct SharedFilter {
     /// Generations live at once: a key is kept at least `generations - 1`
     /// windows after its insert.
     pub generations: u32,
+    /// Drawn by the process that first kept these settings: the filter's
+    /// bits are kept under it, so settings kept anew (the old ones deleted
+    /// by an operator) start from an empty filter that is not ready, never
+    /// from bits set under other settings.
+    pub epoch: u64,
 }
 
 /// A key and the 64-bit keyed hash its filter positions come from.

@@ -191,7 +191,7 @@ pub(crate) async fn keep_ready<H: Tier, C: Tier>(
 
 /// 64 bits from the operating system's randomness, by way of the standard
 /// library's randomly keyed hasher: a holder name that differs per start.
-fn random() -> u64 {
+pub(crate) fn random() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     std::collections::hash_map::RandomState::new()
         .build_hasher()

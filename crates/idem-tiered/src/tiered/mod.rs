@@ -732,9 +732,14 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStoreBuilder<H, C> {
             hashes: sizing.generation.hashes,
             window: sizing.window,
             generations: sizing.generations,
+            epoch: key_check::random(),
         };
         let agreed = self.hot.agree_filter(&proposed).await?;
-        if agreed != proposed {
+        let same_settings = SharedFilter {
+            epoch: proposed.epoch,
+            ..agreed.clone()
+        } == proposed;
+        if !same_settings {
             tracing::warn!(
                 kept_bits = agreed.bits,
                 kept_window_ms = agreed.window.as_millis() as u64,

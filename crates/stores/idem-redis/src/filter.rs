@@ -13,9 +13,10 @@
 //! never lost while the shortening stays. A standalone Redis holds one
 //! part. A part's keys, for filter `NAME` in the slot whose tag is `T`:
 //!
-//! - `idem:{T}:f:NAME:W`: the bits of generation `W` (Redis's time / the
-//!   window), which expires `generations` windows after it began;
-//! - `idem:{T}:f:NAME:ready`: set once a rebuild has inserted every key
+//! - `idem:{T}:f:NAME:E:W`: the bits of generation `W` (Redis's time / the
+//!   window), which expires `generations` windows after it began, under
+//!   the epoch `E` of the settings kept;
+//! - `idem:{T}:f:NAME:E:ready`: set once a rebuild has inserted every key
 //!   of the cold tier; while it is missing, every lookup there answers
 //!   "maybe".
 //!
@@ -82,7 +83,7 @@ impl Inner {
         } else {
             "filter"
         };
-        format!("idem:{{{tag}}}:f:{}:", filter.name)
+        format!("idem:{{{tag}}}:f:{}:{:x}:", filter.name, filter.epoch)
     }
 
     /// The positions of `hash` in a part of `bits`, packed as the scripts
@@ -144,11 +145,12 @@ impl Inner {
             .arg(proposed.hashes)
             .arg(millis(proposed.window))
             .arg(proposed.generations)
+            .arg(proposed.epoch)
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
         let fields = match &v {
-            Value::Array(f) if f.len() == 5 => f,
+            Value::Array(f) if f.len() == 6 => f,
             _ => return Err(corrupt("the shared key filter's settings", &v)),
         };
         let text = |i: usize| match &fields[i] {
@@ -163,6 +165,7 @@ impl Inner {
                 hashes: u32::try_from(number(&fields[2])?).ok()?,
                 window: Duration::from_millis(number(&fields[3])?),
                 generations: u32::try_from(number(&fields[4])?).ok()?,
+                epoch: number(&fields[5])?,
             })
         })();
         agreed.ok_or_else(|| corrupt("the shared key filter's settings", &v))

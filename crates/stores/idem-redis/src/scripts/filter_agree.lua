@@ -1,9 +1,9 @@
 -- A shared key filter's settings, the same for every process: those kept
 -- under KEYS[1] (a hash), or ARGV's when none are (then kept). ARGV: seed
--- (32 hex digits), bits, hashes, window (ms), generations. Returns the
--- five as kept.
+-- (32 hex digits), bits, hashes, window (ms), generations, epoch (a
+-- random number the parts' keys are named by). Returns the six as kept.
 if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('HSET', KEYS[1], 'seed', ARGV[1], 'bits', ARGV[2], 'hashes', ARGV[3], 'window_ms', ARGV[4],
-    'generations', ARGV[5])
+    'generations', ARGV[5], 'epoch', ARGV[6])
 end
-return redis.call('HMGET', KEYS[1], 'seed', 'bits', 'hashes', 'window_ms', 'generations')
+return redis.call('HMGET', KEYS[1], 'seed', 'bits', 'hashes', 'window_ms', 'generations', 'epoch')
