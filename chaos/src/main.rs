@@ -308,6 +308,7 @@ fn short() -> Vec<Spec> {
         spec(RocketMq, Redis, KillAfterEffect, n),
         spec(RedisStreams, File, KillAfterEffect, n),
         spec(Amqp, Tiered, KillAfterEffect, n),
+        spec(Amqp, Tiered, KillAfterAnswer, n),
         spec(Amqp, Memory, Duplicates, n),
         spec(RedisStreams, Redis, KillAfterEffect, n).by(RunnerKind::Mixed),
         spec(Nats, Redis, Zombie, n).by(RunnerKind::Library),
