@@ -760,6 +760,9 @@ impl<H: Tier + Clone, C: Tier + Clone> Store for TieredStore<H, C> {
     ) -> Result<Begin, StoreError> {
         // The hot tier checks key and lease against the same limits.
         let claim = self.shared.hot.begin(key, fingerprint, lease).await?;
+        if !matches!(claim, Begin::Acquired(_)) {
+            return Ok(claim);
+        }
         let mut answers = self.settle(&[(key, fingerprint)], vec![claim]).await;
         answers.pop().expect("one answer per item")
     }
