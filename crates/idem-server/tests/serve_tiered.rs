@@ -78,10 +78,7 @@ async fn tiered_history_outlives_the_process_and_the_hot_tier() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tiered_on_redis_over_postgres() {
-    let Some(redis) = support::redis().await else {
-        return;
-    };
-    let Some(cold) = support::postgres_table("idem_tiered_cold") else {
+    let Some((redis, cold)) = support::redis_over_postgres("idem_tiered_cold").await else {
         return;
     };
     let args = [

@@ -35,10 +35,8 @@ async fn a_second_memory_hot_tier_on_one_cold_table_refuses_to_start() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_servers_on_one_redis_and_one_table_answer_as_one() {
-    let Some(redis) = support::redis().await else {
-        return;
-    };
-    let Some(cold) = support::postgres_table(&unique("two").replace('-', "_")) else {
+    let Some((redis, cold)) = support::redis_over_postgres(&unique("two").replace('-', "_")).await
+    else {
         return;
     };
     // The defaults but a short hot retention: the key filter is on.

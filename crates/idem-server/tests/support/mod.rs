@@ -236,3 +236,11 @@ pub fn postgres_table(table: &str) -> Option<String> {
     }
     Some(url)
 }
+
+/// The test Redis and a migrated PostgreSQL table `table`: the tiers of a
+/// Redis-over-PostgreSQL tiered store; `None` (after saying why) when
+/// either is absent and not required.
+pub async fn redis_over_postgres(table: &str) -> Option<(String, String)> {
+    let redis = redis().await?;
+    Some((redis, postgres_table(table)?))
+}
