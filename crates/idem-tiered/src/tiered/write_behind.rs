@@ -109,8 +109,8 @@ struct State {
     /// tier held it.
     unprotected: bool,
     /// The handovers queued by this process and not yet done, so a sweep
-    /// does not queue them twice.
-    in_flight: Mutex<HashSet<Handover>>,
+    /// does not queue them twice; kept only where there is a list to sweep.
+    in_flight: Option<Mutex<HashSet<Handover>>>,
     /// The importing task has ended (it panicked): nothing drains the
     /// queue any more, and waiting for it would never end.
     stopped: AtomicBool,
@@ -132,12 +132,14 @@ impl State {
     fn queued(&self, handover: &Handover) {
         let pending = self.pending.fetch_add(1, Ordering::AcqRel) + 1;
         self.gauges(pending);
-        self.in_flight.lock().insert(handover.clone());
+        if let Some(in_flight) = &self.in_flight {
+            in_flight.lock().insert(handover.clone());
+        }
     }
 
     fn done(&self, handovers: &[Handover]) {
-        {
-            let mut in_flight = self.in_flight.lock();
+        if let Some(in_flight) = &self.in_flight {
+            let mut in_flight = in_flight.lock();
             for h in handovers {
                 in_flight.remove(h);
             }
@@ -210,6 +212,7 @@ impl WriteBehind {
         let (tx, rx) = mpsc::channel(config.capacity);
         let state = Arc::new(State {
             unprotected,
+            in_flight: (tiers.list.is_some() && config.sweep).then(Mutex::default),
             ..State::default()
         });
         state.gauges(0);
@@ -318,7 +321,8 @@ impl<H: Tier, C: Tier> Worker<H, C> {
                 };
                 let whole_page = due.len() == SWEEP_PAGE;
                 for handover in due {
-                    if self.state.in_flight.lock().contains(&handover) {
+                    let queued = self.state.in_flight.as_ref();
+                    if queued.is_some_and(|q| q.lock().contains(&handover)) {
                         continue;
                     }
                     let Ok(place) = reserve(&tx, &self.state).await else {
