@@ -48,13 +48,13 @@ async fn a_begin_batch_whose_cold_check_fails_holds_no_claims() {
     // long.
     let long = Lease::from_secs(600);
     cold.set_down(true);
-    let failed = store.begin_many(&batch(0..1_000, long)).await;
+    let failed = store.begin_many(&batch(0..10_000, long)).await;
     assert!(
         matches!(failed, Err(StoreError::Unavailable(_))),
         "{failed:?}"
     );
     cold.set_down(false);
-    let again = store.begin_many(&batch(0..1_000, long)).await.unwrap();
+    let again = store.begin_many(&batch(0..10_000, long)).await.unwrap();
     for (i, answer) in again.iter().enumerate() {
         assert!(
             matches!(answer, Begin::Acquired(_)),
