@@ -74,6 +74,16 @@ pub struct FilterProbe {
     pub hash: u64,
 }
 
+/// A completed key and when it was completed: one entry of
+/// [`Tier::completed_since`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompletedKey {
+    /// When the record was completed (its `completed_at`).
+    pub at: Timestamp,
+    /// Its key.
+    pub key: Key,
+}
+
 /// A store held as the cold tier of one process's volatile hot tier, for
 /// as long as this lives (see [`Tier::hold_sole_front`]).
 pub struct SoleFront(Option<Box<dyn std::any::Any + Send + Sync>>);
@@ -319,6 +329,23 @@ pub trait Tier: Store {
     /// tiered store refuses a key filter that would forget keys the cold
     /// tier still holds. An index lookup where the store has one.
     fn latest_expiry(&self) -> impl Future<Output = Result<Option<Timestamp>, StoreError>> + Send {
+        async { Ok(None) }
+    }
+
+    /// Up to `limit` live completed records completed at or after `since`,
+    /// each after `after` (the last entry of the page before), in an order
+    /// the store chooses; `None` when the store cannot list its records by
+    /// completion time (then read every key with
+    /// [`completed_keys`](Tier::completed_keys)). A key filter loaded from
+    /// a snapshot is caught up with these: the keys written since. An
+    /// index range where the store has one.
+    fn completed_since(
+        &self,
+        since: Timestamp,
+        after: Option<&CompletedKey>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Option<Vec<CompletedKey>>, StoreError>> + Send {
+        let _ = (since, after, limit);
         async { Ok(None) }
     }
 

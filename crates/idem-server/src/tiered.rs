@@ -6,20 +6,17 @@ use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use futures_util::{FutureExt, StreamExt};
 use idem_core::tier::Tier;
-use idem_core::{Key, MemoryStore, SharedClock, StoreError, SystemClock};
+use idem_core::{MemoryStore, SharedClock, SystemClock};
 use idem_file::FileStore;
-use idem_tiered::filter::{FilterConfig, FilterSeed, KeyFilter, maintain};
+use idem_tiered::filter::{Fed, FilterConfig, FilterSeed, KeyFilter, maintain};
 use idem_tiered::{Acknowledgement, TieredStore};
 
 use crate::Failure;
 use crate::config::{StoreSettings, TieredSettings, bad};
 use crate::store_url::{self, OpenStore};
-
-/// Keys asked of the cold tier at a time while the filter is rebuilt.
-const REBUILD_PAGE: usize = 10_000;
 
 /// Opens `--hot-store` in front of `--cold-store`.
 pub async fn open(common: &StoreSettings) -> Result<OpenStore, Failure> {
@@ -273,37 +270,17 @@ fn upkeep<C: Tier + Clone>(
     .boxed()
 }
 
-/// Feeds the filter every completed key of the cold tier; until it is done
-/// the filter answers "maybe" and every new key is checked in the cold
-/// tier. Progress goes to stderr: a counter on a terminal, log lines
+/// Makes the filter ready from the cold tier: the keys completed since its
+/// snapshot when it was loaded from one, else every completed key; until
+/// then the filter answers "maybe" and every new key is checked in the
+/// cold tier. Progress goes to stderr: a counter on a terminal, log lines
 /// otherwise.
 async fn rebuild<C: Tier + Clone>(filter: Arc<KeyFilter>, cold: C) {
-    // Pages of keys, each after the last key of the one before.
-    let pages = futures_util::stream::unfold(Some(None::<Key>), move |after| {
-        let cold = cold.clone();
-        async move {
-            let after = after?;
-            match cold.completed_keys(after.as_ref(), REBUILD_PAGE).await {
-                Ok(page) if page.is_empty() => None,
-                Ok(page) => {
-                    let next = page.last().cloned();
-                    Some((Ok::<_, StoreError>(page), Some(next)))
-                }
-                Err(e) => Some((Err(e), None)),
-            }
-        }
-    });
-    let keys = pages
-        .map(|page| match page {
-            Ok(keys) => futures_util::stream::iter(keys.into_iter().map(Ok)).left_stream(),
-            Err(e) => futures_util::stream::once(async { Err(e) }).right_stream(),
-        })
-        .flatten();
     let started = Instant::now();
     let terminal = std::io::stderr().is_terminal();
     let mut last_line = Instant::now();
     let fed = filter
-        .rebuild_from_stream(keys, None, |done, _| {
+        .rebuild_from_tier(&cold, |done, _| {
             if terminal || last_line.elapsed() >= Duration::from_secs(10) {
                 progress(done, started, terminal);
                 last_line = Instant::now();
@@ -314,8 +291,13 @@ async fn rebuild<C: Tier + Clone>(filter: Arc<KeyFilter>, cold: C) {
         eprintln!();
     }
     match fed {
-        Ok(n) => tracing::info!(
-            keys = n,
+        Ok(Fed::CaughtUp { keys }) => tracing::info!(
+            keys,
+            seconds = started.elapsed().as_secs_f64(),
+            "key filter loaded from its snapshot and caught up from the cold tier"
+        ),
+        Ok(Fed::Rebuilt { keys }) => tracing::info!(
+            keys,
             seconds = started.elapsed().as_secs_f64(),
             "key filter rebuilt from the cold tier"
         ),

@@ -6,7 +6,7 @@
 mod support;
 
 use serde_json::json;
-use support::{post, run, start};
+use support::{get, post, run, start};
 
 const SEED: &str = "00112233445566778899aabbccddeeff";
 
@@ -72,6 +72,110 @@ async fn tiered_history_outlives_the_process_and_the_hot_tier() {
     assert!(
         fresh["token"].as_u64().unwrap() > last_token,
         "a token went back after the restart: {fresh} after {last_token}"
+    );
+    assert_eq!(idem.terminate().await, 0);
+}
+
+/// The value of the metric line that starts with `series` (name and
+/// labels), if the page has one.
+fn metric(page: &str, series: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// A filter loaded from a good snapshot is caught up from the cold tier
+/// with only what was completed after the snapshot, written there while
+/// no filter was watching, and answers "certainly new" at once after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_snapshot_is_caught_up_with_what_was_written_since() {
+    let dir = tempfile::tempdir().unwrap();
+    let cold_dir = dir.path().join("cold");
+    let cold = format!("file://{}", cold_dir.display());
+    let snapshot = dir.path().join("filter.snapshot");
+    let snapshot = snapshot.to_str().unwrap();
+    let tiered = [
+        "serve",
+        "--store",
+        "tiered",
+        "--hot-store",
+        "memory://",
+        "--cold-store",
+        &cold,
+        "--filter-seed",
+        SEED,
+        "--filter-snapshot",
+        snapshot,
+    ];
+    let deliver = |base: String, ns: &'static str, key: String| async move {
+        let b = post(&format!("{base}/v1/{ns}/begin"), json!({"key": key}))
+            .await
+            .json();
+        assert_eq!(b["status"], "acquired", "{key}: {b}");
+        let done = post(
+            &format!("{base}/v1/{ns}/complete"),
+            json!({"key": key, "token": b["token"], "outcome": "done", "retention_ms": 3_600_000}),
+        )
+        .await;
+        assert_eq!(done.status, 200, "{}", done.problem(200));
+    };
+    let idem = start(&tiered, &[]).await;
+    for i in 0..200 {
+        deliver(idem.base.clone(), "before", format!("b-{i}")).await;
+    }
+    // Past the catch-up's margin before the last snapshot is taken.
+    tokio::time::sleep(std::time::Duration::from_millis(5_500)).await;
+    assert_eq!(idem.terminate().await, 0);
+    assert!(std::path::Path::new(snapshot).exists());
+
+    // The cold tier served on its own: 30 records the filter never saw.
+    let plain = start(&["serve", "--store", &cold], &[]).await;
+    for i in 0..30 {
+        deliver(plain.base.clone(), "after", format!("a-{i}")).await;
+    }
+    assert_eq!(plain.terminate().await, 0);
+
+    let idem = start(&tiered, &[]).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let page = loop {
+        let page = get(&idem.url("/metrics")).await;
+        let page = String::from_utf8_lossy(&page.body).into_owned();
+        if metric(&page, "idem_filter_ready ") == Some(1.0) {
+            break page;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the filter is not ready 10 s after the start:\n{page}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        metric(&page, "idem_filter_fed_keys_total{how=\"catch_up\"} "),
+        Some(30.0),
+        "the snapshot's 200 keys are not read again, the 30 written since are:\n{page}"
+    );
+    assert_eq!(
+        metric(&page, "idem_filter_fed_keys_total{how=\"rebuild\"} "),
+        None
+    );
+    for (ns, key) in (0..200)
+        .map(|i| ("before", format!("b-{i}")))
+        .chain((0..30).map(|i| ("after", format!("a-{i}"))))
+    {
+        let b = post(&idem.url(&format!("/v1/{ns}/begin")), json!({"key": key}))
+            .await
+            .json();
+        assert_eq!(b["status"], "completed", "{ns}/{key}: {b}");
+    }
+    for i in 0..20 {
+        deliver(idem.base.clone(), "fresh", format!("f-{i}")).await;
+    }
+    let page = get(&idem.url("/metrics")).await;
+    let page = String::from_utf8_lossy(&page.body).into_owned();
+    let skipped =
+        metric(&page, "idem_tiered_cold_checks_total{answer=\"skipped\"} ").unwrap_or(0.0);
+    assert!(
+        skipped >= 15.0,
+        "new keys are called new without asking the cold tier once caught up: {skipped} of 20\n{page}"
     );
     assert_eq!(idem.terminate().await, 0);
 }

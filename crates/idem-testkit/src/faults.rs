@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem_core::layer::StoreWrapper;
-use idem_core::tier::{FilterProbe, Handover, ImportItem, Imported, SharedFilter, Tier};
+use idem_core::tier::{
+    CompletedKey, FilterProbe, Handover, ImportItem, Imported, SharedFilter, Tier,
+};
 use idem_core::{
     Begin, BeginItem, CompleteItem, Entry, Fenced, FencingToken, Fingerprint, Key, Lease, Record,
     ScanQuery, Store, StoreError, Timestamp,
@@ -250,6 +252,16 @@ impl<S: Tier> Tier for Switchable<S> {
     async fn unlist_handovers(&self, list: &str, items: &[Handover]) -> Result<(), StoreError> {
         self.check()?;
         self.inner.unlist_handovers(list, items).await
+    }
+
+    async fn completed_since(
+        &self,
+        since: Timestamp,
+        after: Option<&CompletedKey>,
+        limit: usize,
+    ) -> Result<Option<Vec<CompletedKey>>, StoreError> {
+        self.check()?;
+        self.inner.completed_since(since, after, limit).await
     }
 
     async fn completed_keys(

@@ -137,6 +137,7 @@ macro_rules! tier_conformance_tests {
             raised_floor_lifts_every_later_token,
             recorded_high_water_counts_at_once,
             completed_keys_page_in_key_order,
+            completed_since_pages_the_records_completed_since,
         );
     };
     (@cases $subject:expr; $($case:ident),* $(,)?) => {

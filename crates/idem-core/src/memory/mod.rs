@@ -16,7 +16,7 @@ use self::shard::{KeyHash, Shard, Slot};
 use crate::layer::{Checked, StoreWrapper};
 use crate::machine::{self, Current, Decision};
 use crate::periodic::spawn_periodic;
-use crate::tier::{Handover, ImportItem, Imported, Tier};
+use crate::tier::{CompletedKey, Handover, ImportItem, Imported, Tier};
 use crate::{
     Begin, BeginItem, Claim, Clock, CompleteItem, Entry, Fenced, FencingToken, Fingerprint, Key,
     Lease, Limits, Record, ScanQuery, Store, StoreError, SystemClock, Timestamp,
@@ -683,6 +683,38 @@ impl Inner {
         }
     }
 
+    /// Live completed keys completed at or after `since`, after `after`,
+    /// in (completion time, encoded key) order.
+    fn completed_since(
+        &self,
+        since: Timestamp,
+        after: Option<&CompletedKey>,
+        limit: usize,
+    ) -> Result<Vec<CompletedKey>, StoreError> {
+        let after = after.map(|a| (a.at, a.key.encode()));
+        let now = self.now();
+        let mut found: Vec<(Timestamp, Vec<u8>)> = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = shard.lock();
+            found.extend(
+                shard
+                    .slots()
+                    .filter(|s| s.completed && s.deadline > now && s.since >= since)
+                    .map(|s| (s.since, shard.encoded_key(s)))
+                    .filter(|entry| after.as_ref().is_none_or(|a| entry > a)),
+            );
+        }
+        found.sort_unstable();
+        found.truncate(limit);
+        found
+            .into_iter()
+            .map(|(at, k)| {
+                let key = Key::decode(&k).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                Ok(CompletedKey { at, key })
+            })
+            .collect()
+    }
+
     /// Live completed keys after `after`, in encoded order.
     fn completed_keys(&self, after: Option<&Key>, limit: usize) -> Result<Vec<Key>, StoreError> {
         let after = after.map(Key::encode);
@@ -749,6 +781,17 @@ impl Tier for MemoryStore {
             self.records().shorten(item, keep);
         }
         Ok(())
+    }
+
+    async fn completed_since(
+        &self,
+        since: Timestamp,
+        after: Option<&CompletedKey>,
+        limit: usize,
+    ) -> Result<Option<Vec<CompletedKey>>, StoreError> {
+        self.records()
+            .completed_since(since, after, limit)
+            .map(Some)
     }
 
     async fn completed_keys(

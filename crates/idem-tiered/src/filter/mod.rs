@@ -27,7 +27,9 @@
 //!   lookup. A new filter, or one loaded from a snapshot (keys inserted after
 //!   the snapshot was taken are missing), is not [`Readiness::Ready`] until
 //!   [`KeyFilter::rebuild`] has fed it the keys of the records created since
-//!   [`Readiness::NeedsRebuild::since`].
+//!   [`Readiness::NeedsRebuild::since`] ([`KeyFilter::rebuild_from_tier`]
+//!   reads them from a tier: only those completed since the snapshot when
+//!   the tier can list them by completion time).
 //!
 //! # How it works
 //!
@@ -75,6 +77,7 @@
 //! ```
 
 mod config;
+mod from_tier;
 mod generations;
 mod maintain;
 mod readiness;
@@ -91,6 +94,7 @@ pub use self::config::{
     BloomSizing, ConfigError, FilterConfig, FilterSeed, FilterSizing, MAX_FILTER_BYTES,
     MAX_GENERATIONS,
 };
+pub use self::from_tier::{FEED_PAGE, Fed, SNAPSHOT_CLOCK_MARGIN};
 pub use self::maintain::maintain;
 pub use self::readiness::{REBUILD_PROGRESS_EVERY, Readiness, RebuildError};
 pub use self::snapshot::{SNAPSHOT_FORMAT_VERSION, SnapshotError};

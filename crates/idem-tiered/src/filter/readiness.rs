@@ -76,6 +76,7 @@ pub(super) struct ReadinessState {
 
 impl ReadinessState {
     pub(super) fn needs_rebuild(since: Option<Timestamp>) -> Self {
+        ready_gauge(false);
         Self {
             state: AtomicU8::new(NEEDS_REBUILD),
             since,
@@ -111,6 +112,11 @@ impl ReadinessState {
             self.since
         }
     }
+}
+
+/// `idem_filter_ready`: 1 once the filter may answer `Absent`.
+fn ready_gauge(ready: bool) {
+    metrics::gauge!("idem_filter_ready").set(if ready { 1.0 } else { 0.0 });
 }
 
 /// A running rebuild; dropped before [`finish`](Rebuild::finish) (an error,
@@ -185,6 +191,7 @@ impl<'a, P: FnMut(u64, Option<u64>)> Rebuild<'a, P> {
         self.report();
         self.finished = true;
         self.filter.readiness.state.store(READY, Ordering::Release);
+        ready_gauge(true);
         tracing::info!(
             keys = self.done,
             "key filter rebuilt: it may answer Absent now"

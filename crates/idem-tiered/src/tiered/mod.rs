@@ -334,6 +334,15 @@ impl<H: Tier + Clone, C: Tier + Clone> TieredStore<H, C> {
                     token: i.token,
                 })
                 .collect();
+            if let KeyCheck::Local(filter) = &shared.check {
+                // Known before anyone hears of it, not only once moved: a
+                // snapshot of the filter taken while the record waits in
+                // the queue then holds its key, and a filter loaded from
+                // it catches up from its time alone.
+                for handover in &done {
+                    filter.insert(&handover.key);
+                }
+            }
             let hot = &shared.hot;
             let mut records = Vec::with_capacity(done.len());
             for chunk in done.chunks(READS_AT_ONCE) {

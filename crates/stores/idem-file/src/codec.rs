@@ -105,7 +105,14 @@ pub fn expiry_key(expires_at: Timestamp, encoded_key: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The expiry time and encoded key of the expiry index key `k`.
+/// The completion index key of the record under `encoded_key`: laid out
+/// as an expiry index key, ordered by completion time.
+pub fn completed_key(completed_at: Timestamp, encoded_key: &[u8]) -> Vec<u8> {
+    expiry_key(completed_at, encoded_key)
+}
+
+/// The expiry time and encoded key of the expiry index key `k` (or the
+/// completion time and key of a completion index key).
 pub fn split_expiry_key(k: &[u8]) -> Option<(Timestamp, &[u8])> {
     let (t, key) = k.split_at_checked(8)?;
     Some((

@@ -14,11 +14,13 @@ use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 
 use fjall::{Database, Keyspace, PersistMode, Slice};
-use idem_core::Timestamp;
+use idem_core::{Completed, Timestamp};
 use tokio::sync::oneshot;
 
 use crate::claims::Claims;
-use crate::codec::{decode_completed, expiry_key, split_expiry_key};
+use crate::codec::{
+    completed_key, decode_completed, encode_completed, expiry_key, split_expiry_key,
+};
 use crate::tokens::HIGH_WATER;
 
 /// How an acknowledged `complete` is made durable.
@@ -38,14 +40,28 @@ pub enum Durability {
     Buffered,
 }
 
-/// One completed record to write, with its expiry index entry and the token
-/// whose claim it finishes. Built by the caller as engine slices, so the
-/// committer thread only moves them.
+/// One completed record to write, with its expiry and completion index
+/// entries and the token whose claim it finishes. Built by the caller as
+/// engine slices, so the committer thread only moves them.
 pub struct Put {
     pub key: Slice,
     pub value: Slice,
     pub expiry: Slice,
+    pub completed: Slice,
     pub token: u64,
+}
+
+impl Put {
+    /// `record` under the encoded key `enc`, finishing the claim `token`.
+    pub fn new(enc: Box<[u8]>, record: &Completed, token: u64) -> Self {
+        Self {
+            expiry: expiry_key(record.expires_at, &enc).into(),
+            completed: completed_key(record.completed_at, &enc).into(),
+            value: encode_completed(record).into(),
+            key: enc.into_vec().into(),
+            token,
+        }
+    }
 }
 
 /// What the committer thread does, in the order it receives them.
@@ -89,6 +105,7 @@ pub struct Engine {
     pub db: Database,
     pub records: Keyspace,
     pub expiry: Keyspace,
+    pub completed: Keyspace,
     pub meta: Keyspace,
     pub claims: Arc<Claims>,
     pub durability: Durability,
@@ -173,6 +190,7 @@ impl Engine {
         for put in group.iter().flat_map(|(puts, _)| puts) {
             batch.insert(&self.records, put.key.clone(), put.value.clone());
             batch.insert(&self.expiry, put.expiry.clone(), Slice::empty());
+            batch.insert(&self.completed, put.completed.clone(), Slice::empty());
         }
         let raised = high_water.filter(|&t| t > self.high_water);
         if let Some(t) = raised {
@@ -205,12 +223,14 @@ impl Engine {
             let Some(v) = self.records.get(enc)? else {
                 continue;
             };
-            let expires_at = decode_completed(&v).ok().map(|r| r.expires_at);
+            let record = decode_completed(&v).ok();
+            let expires_at = record.as_ref().map(|r| r.expires_at);
             if expired_by.is_some_and(|by| expires_at.is_none_or(|at| at > by)) {
                 continue;
             }
-            if let Some(at) = expires_at {
-                batch.remove(&self.expiry, expiry_key(at, enc));
+            if let Some(r) = &record {
+                batch.remove(&self.expiry, expiry_key(r.expires_at, enc));
+                batch.remove(&self.completed, completed_key(r.completed_at, enc));
             }
             batch.remove(&self.records, enc.clone());
             removed += 1;
@@ -229,9 +249,11 @@ impl Engine {
         for index_key in due {
             if let Some((expires_at, enc)) = split_expiry_key(index_key)
                 && let Some(v) = self.records.get(enc)?
-                && decode_completed(&v).is_ok_and(|r| r.expires_at == expires_at)
+                && let Ok(r) = decode_completed(&v)
+                && r.expires_at == expires_at
             {
                 batch.remove(&self.records, enc);
+                batch.remove(&self.completed, completed_key(r.completed_at, enc));
                 removed += 1;
             }
             batch.remove(&self.expiry, index_key.clone());

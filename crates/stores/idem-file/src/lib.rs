@@ -58,7 +58,7 @@ use idem_core::{
 use tokio::sync::oneshot;
 
 use self::claims::{Claim, Claims, encoded};
-use self::codec::{decode_completed, encode_completed, expiry_key};
+use self::codec::{completed_key, decode_completed, expiry_key};
 pub use self::commit::Durability;
 
 /// The on-disk record format, for the fuzz targets in `fuzz/`; not part of
@@ -212,6 +212,13 @@ struct Inner {
     db: Database,
     records: Keyspace,
     expiry: Keyspace,
+    /// `(completed_at, key)` of each record: what was completed since a
+    /// time (`Tier::completed_since`).
+    completed: Keyspace,
+    /// The completion index holds every record completed from this time
+    /// on: records written before the index existed (a directory from an
+    /// older build) are missing from it.
+    completed_from: Timestamp,
     claims: Arc<Claims>,
     tokens: tokens::TokenSequence,
     /// `None` only while dropping.
@@ -320,6 +327,9 @@ impl FileStoreBuilder {
         let meta = db
             .keyspace("meta", KeyspaceCreateOptions::default)
             .map_err(engine)?;
+        let completed_from =
+            completion_index_start(&db, &records, &meta, self.clock.now()).map_err(engine)?;
+        let completed = db.keyspace("completed", keyspace_options).map_err(engine)?;
         dir::sync_tree(&path).map_err(|source| OpenError::Directory {
             path: path.clone(),
             source,
@@ -331,7 +341,8 @@ impl FileStoreBuilder {
             db: db.clone(),
             records: records.clone(),
             expiry: expiry.clone(),
-            meta,
+            completed: completed.clone(),
+            meta: meta.clone(),
             claims: claims.clone(),
             durability: self.durability,
             high_water: tokens.stored_high_water(),
@@ -344,6 +355,8 @@ impl FileStoreBuilder {
             db,
             records,
             expiry,
+            completed,
+            completed_from,
             claims,
             tokens,
             committer: Some(committer),
@@ -425,6 +438,33 @@ impl StoreWrapper for FileStore {
 /// memtable's skip list, and measured here a smaller one takes inserts about
 /// 40 % faster, at the price of more frequent (background) flushes.
 pub const MEMTABLE_BYTES: u64 = 8 << 20;
+
+/// Where the completion index begins: kept in `meta` from the start that
+/// created the index, which covers every record when the store was empty
+/// then, and those completed from then on otherwise.
+fn completion_index_start(
+    db: &Database,
+    records: &Keyspace,
+    meta: &Keyspace,
+    now: Timestamp,
+) -> fjall::Result<Timestamp> {
+    if let Some(v) = meta.get(COMPLETED_FROM)?
+        && let Ok(bytes) = <[u8; 8]>::try_from(&*v)
+    {
+        return Ok(Timestamp::from_millis(u64::from_le_bytes(bytes)));
+    }
+    let from = if records.first_key_value().is_none() {
+        Timestamp::from_millis(0)
+    } else {
+        now
+    };
+    meta.insert(COMPLETED_FROM, from.as_millis().to_le_bytes())?;
+    db.persist(PersistMode::SyncAll)?;
+    Ok(from)
+}
+
+/// The `meta` key of [`completion_index_start`].
+const COMPLETED_FROM: &[u8] = b"completed_index_from";
 
 fn keyspace_options() -> KeyspaceCreateOptions {
     KeyspaceCreateOptions::default().max_memtable_size(MEMTABLE_BYTES)
@@ -647,12 +687,7 @@ impl Inner {
             completed_at: now,
             expires_at: now.after(item.retention),
         };
-        Completing::Write(Put {
-            expiry: expiry_key(record.expires_at, &enc).into(),
-            value: encode_completed(&record).into(),
-            key: enc.into_vec().into(),
-            token: token.get(),
-        })
+        Completing::Write(Put::new(enc, &record, token.get()))
     }
 
     fn send(&self, job: Job) -> Result<(), StoreError> {
@@ -826,6 +861,7 @@ impl Inner {
                 c.completing || c.lease_expires_at.after(self.abandoned_retention) > now
             });
         }
+        self.trim_completion_index(now)?;
         let due_end = expiry_key(now.after(Duration::from_millis(1)), &[]);
         let mut removed = 0;
         loop {
@@ -845,6 +881,40 @@ impl Inner {
                 .recv()
                 .map_err(|_| self.engine_failed("the committer thread has stopped"))?
                 .map_err(StoreError::unavailable)?;
+        }
+    }
+}
+
+impl Inner {
+    /// Removes completion index entries older than the longest retention:
+    /// their records have expired (the sweep removed them with their
+    /// entry), and what is left there names a record written over since.
+    /// No record written later can carry such a completion time, so this
+    /// needs not go through the committer.
+    fn trim_completion_index(&self, now: Timestamp) -> Result<(), StoreError> {
+        let Some(before) = now
+            .as_millis()
+            .checked_sub(self.limits.max_retention.as_millis() as u64)
+        else {
+            return Ok(());
+        };
+        let end = completed_key(Timestamp::from_millis(before), &[]);
+        loop {
+            let old: Vec<_> = self
+                .completed
+                .range(..end.clone())
+                .take(4096)
+                .map(|item| item.key())
+                .collect::<Result<_, _>>()
+                .map_err(StoreError::unavailable)?;
+            if old.is_empty() {
+                return Ok(());
+            }
+            let mut batch = self.db.batch();
+            for k in old {
+                batch.remove(&self.completed, k);
+            }
+            batch.commit().map_err(StoreError::unavailable)?;
         }
     }
 }
@@ -890,4 +960,81 @@ fn in_progress(c: &Claim) -> Record {
         attempts: c.attempts,
         started_at: c.started_at,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use idem_core::tier::Tier;
+    use idem_core::{Begin, Bytes, Lease, ManualClock};
+
+    use super::*;
+
+    fn index_len(store: &FileStore) -> usize {
+        store.records().completed.iter().count()
+    }
+
+    /// The completion index entry goes with its record when the sweep
+    /// removes it, and one left by a record written over goes once older
+    /// than the longest retention.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_completion_index_is_emptied_with_its_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new();
+        let store = FileStore::builder(dir.path())
+            .clock(clock.clone())
+            .sweep_interval(None)
+            .limits(Limits {
+                max_retention: Duration::from_secs(600),
+                ..Limits::default()
+            })
+            .open()
+            .unwrap();
+        let complete = |key: &'static str, retention: u64| {
+            let store = store.clone();
+            async move {
+                let key = Key::new("orders", key).unwrap();
+                let Begin::Acquired(claim) = store
+                    .begin(&key, None, Lease::new(Duration::from_secs(60)))
+                    .await
+                    .unwrap()
+                else {
+                    panic!("a new key is acquired");
+                };
+                let done = store
+                    .complete(
+                        &key,
+                        claim.token,
+                        Some(Bytes::from_static(b"ok")),
+                        Duration::from_secs(retention),
+                    )
+                    .await
+                    .unwrap();
+                assert!(!done.is_stale(), "{done:?}");
+            }
+        };
+        complete("a", 10).await;
+        complete("b", 600).await;
+        assert_eq!(index_len(&store), 2);
+        clock.advance(Duration::from_secs(11));
+        assert_eq!(store.sweep().unwrap(), 1);
+        assert_eq!(index_len(&store), 1, "a's entry went with a");
+        // `b` written over once expired: its first entry is left behind.
+        clock.advance(Duration::from_secs(600));
+        complete("b", 600).await;
+        assert_eq!(index_len(&store), 2);
+        let since = Timestamp::from_millis(0);
+        let listed = store
+            .completed_since(since, None, 10)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(listed.len(), 1, "the stale entry is not listed: {listed:?}");
+        clock.advance(Duration::from_secs(300));
+        store.sweep().unwrap();
+        assert_eq!(
+            index_len(&store),
+            1,
+            "older than the longest retention: gone"
+        );
+    }
 }

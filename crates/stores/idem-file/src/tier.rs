@@ -6,12 +6,12 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use fjall::Slice;
-use idem_core::tier::{ImportItem, Imported, Tier};
+use idem_core::tier::{CompletedKey, ImportItem, Imported, Tier};
 use idem_core::{FencingToken, Key, StoreError, Timestamp};
 use tokio::sync::oneshot;
 
 use crate::claims::{self, Claim, encoded};
-use crate::codec::{encode_completed, expires_at_of, expiry_key, split_expiry_key};
+use crate::codec::{completed_key, decode_completed, expires_at_of, split_expiry_key};
 use crate::commit::{Job, Put};
 use crate::{FileStore, Inner, corrupt, off_workers, read_failed};
 
@@ -104,12 +104,7 @@ impl Inner {
                 },
             );
             drop(shard);
-            puts.push(Put {
-                expiry: expiry_key(record.expires_at, &enc).into(),
-                value: encode_completed(record).into(),
-                key: enc.into_vec().into(),
-                token,
-            });
+            puts.push(Put::new(enc, record, token));
             high_water = high_water.max(Some(token));
             answers.push(Imported::Written);
         }
@@ -171,6 +166,57 @@ impl Inner {
         Ok(split_expiry_key(&key).map(|(at, _)| at))
     }
 
+    /// Live completed records completed at or after `since`, after
+    /// `after`, in completion index order; `None` when the index starts
+    /// after `since`.
+    fn completed_since(
+        &self,
+        since: Timestamp,
+        after: Option<&CompletedKey>,
+        limit: usize,
+    ) -> Result<Option<Vec<CompletedKey>>, StoreError> {
+        self.check_healthy()?;
+        if since < self.completed_from {
+            return Ok(None);
+        }
+        let now = self.clock.now();
+        let start = match after {
+            Some(a) => Bound::Excluded(completed_key(a.at, &a.key.encode())),
+            None => Bound::Included(completed_key(since, &[])),
+        };
+        let mut found = Vec::new();
+        if limit == 0 {
+            return Ok(Some(found));
+        }
+        for item in self
+            .completed
+            .range::<Vec<u8>, _>((start, Bound::Unbounded))
+        {
+            let index_key = item.key().map_err(read_failed)?;
+            let Some((at, enc)) = split_expiry_key(&index_key) else {
+                return Err(corrupt(
+                    &index_key,
+                    "a completion index key shorter than 8 bytes",
+                ));
+            };
+            // An entry names the record as it was written; one written over
+            // since, or expired, is left out.
+            let Some(v) = self.records.get(enc).map_err(read_failed)? else {
+                continue;
+            };
+            let record = decode_completed(&v).map_err(|e| corrupt(enc, e))?;
+            if record.completed_at != at || record.expires_at <= now {
+                continue;
+            }
+            let key = Key::decode(enc).map_err(|e| corrupt(enc, e))?;
+            found.push(CompletedKey { at, key });
+            if found.len() == limit {
+                break;
+            }
+        }
+        Ok(Some(found))
+    }
+
     fn completed_keys(&self, after: Option<&[u8]>, limit: usize) -> Result<Vec<Key>, StoreError> {
         self.check_healthy()?;
         let now = self.clock.now();
@@ -220,6 +266,19 @@ impl Tier for FileStore {
     /// replaced since: later, never earlier).
     async fn latest_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
         off_workers(self.records(), |inner| inner.latest_expiry()).await?
+    }
+
+    async fn completed_since(
+        &self,
+        since: Timestamp,
+        after: Option<&CompletedKey>,
+        limit: usize,
+    ) -> Result<Option<Vec<CompletedKey>>, StoreError> {
+        let after = after.cloned();
+        off_workers(self.records(), move |inner| {
+            inner.completed_since(since, after.as_ref(), limit)
+        })
+        .await?
     }
 
     async fn completed_keys(

@@ -22,7 +22,7 @@ use std::cmp::Ordering;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use idem_core::tier::{ImportItem, Imported, SoleFront, Tier};
+use idem_core::tier::{CompletedKey, ImportItem, Imported, SoleFront, Tier};
 use idem_core::{FencingToken, Key, Namespace, StoreError, Timestamp};
 use sqlx::AssertSqlSafe;
 
@@ -232,6 +232,95 @@ impl Inner {
         Ok(latest.map(|ms| Timestamp::from_millis(u64::try_from(ms).unwrap_or(0))))
     }
 
+    /// Up to `limit` live completed records completed at or after `since`,
+    /// after `after`: table by table, each in `(completed_at, ns, k)`
+    /// order (on PostgreSQL the completion index, sorted on within equal
+    /// times; on MySQL a scan on the server).
+    async fn completed_since(
+        &self,
+        since: Timestamp,
+        after: Option<&CompletedKey>,
+        limit: usize,
+    ) -> Result<Vec<CompletedKey>, StoreError> {
+        let mut out = Vec::new();
+        let (first, mut from) = match after {
+            Some(a) => (
+                self.tables.shard_of(&a.key),
+                (
+                    millis(a.at),
+                    a.key.namespace().as_str().as_bytes().to_vec(),
+                    a.key.bytes().to_vec(),
+                ),
+            ),
+            None => (0, (millis(since), Vec::new(), Vec::new())),
+        };
+        for shard in first..self.tables.shards() {
+            if out.len() == limit {
+                break;
+            }
+            if shard != first {
+                from = (millis(since), Vec::new(), Vec::new());
+            }
+            let n = i64::try_from(limit - out.len()).unwrap_or(i64::MAX);
+            let since = millis(since);
+            let rows: Vec<(Vec<u8>, Vec<u8>, i64)> = retrying(|| {
+                let from = &from;
+                async move {
+                    let table = self.tables.name(shard);
+                    match &self.db {
+                        Db::Postgres(side) => sqlx::query_as(AssertSqlSafe(format!(
+                            "SELECT ns, k, completed_at FROM \"{table}\"
+                             WHERE state = {COMPLETED} AND completed_at >= $1
+                               AND (completed_at, ns, k) > ($2, $3, $4)
+                               AND expires_at > floor(extract(epoch FROM clock_timestamp()) * 1000)::int8
+                             ORDER BY completed_at, ns, k LIMIT $5"
+                        )))
+                        .bind(since)
+                        .bind(from.0)
+                        .bind(&from.1)
+                        .bind(&from.2)
+                        .bind(n)
+                        .fetch_all(&side.pool)
+                        .await,
+                        Db::MySql(side) => sqlx::query_as(AssertSqlSafe(format!(
+                            "SELECT ns, k, completed_at FROM `{table}`
+                             WHERE state = {COMPLETED} AND completed_at >= ?
+                               AND (completed_at, ns, k) > (?, ?, ?)
+                               AND expires_at > {}
+                             ORDER BY completed_at, ns, k LIMIT ?",
+                            crate::mysql::NOW
+                        )))
+                        .bind(since)
+                        .bind(from.0)
+                        .bind(&from.1)
+                        .bind(&from.2)
+                        .bind(n)
+                        .fetch_all(&side.pool)
+                        .await,
+                    }
+                    .map_err(crate::error::store)
+                }
+            })
+            .await?;
+            for (ns, k, at) in rows {
+                let key = std::str::from_utf8(&ns)
+                    .ok()
+                    .and_then(|n| Key::new(n, k).ok())
+                    .ok_or_else(|| {
+                        StoreError::Corrupt(format!(
+                            "a row's key in namespace {:?} is not one idem writes",
+                            ns.escape_ascii().to_string()
+                        ))
+                    })?;
+                out.push(CompletedKey {
+                    at: Timestamp::from_millis(u64::try_from(at).unwrap_or(0)),
+                    key,
+                });
+            }
+        }
+        Ok(out)
+    }
+
     /// Every table's namespaces, in encoded order.
     pub(crate) async fn namespaces(&self) -> Result<Vec<Vec<u8>>, StoreError> {
         let lists = join_all((0..self.tables.shards()).map(|shard| {
@@ -391,6 +480,18 @@ impl Tier for SqlStore {
         self.records().hold_sole_front().await
     }
 
+    async fn completed_since(
+        &self,
+        since: Timestamp,
+        after: Option<&CompletedKey>,
+        limit: usize,
+    ) -> Result<Option<Vec<CompletedKey>>, StoreError> {
+        self.records()
+            .completed_since(since, after, limit)
+            .await
+            .map(Some)
+    }
+
     async fn completed_keys(
         &self,
         after: Option<&Key>,
@@ -398,4 +499,9 @@ impl Tier for SqlStore {
     ) -> Result<Vec<Key>, StoreError> {
         self.records().completed_keys(after, limit).await
     }
+}
+
+/// A timestamp as the tables keep it.
+fn millis(t: Timestamp) -> i64 {
+    i64::try_from(t.as_millis()).unwrap_or(i64::MAX)
 }
