@@ -5,6 +5,7 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use idem_core::admin::Admin;
 use idem_core::layer::{Measured, Traced};
+use idem_core::tier::Tier;
 use idem_core::{MemoryStore, SharedStore};
 use idem_file::{Durability, FileStore};
 
@@ -52,6 +53,13 @@ pub async fn open(common: &StoreSettings) -> Result<OpenStore, Failure> {
 /// `store` counted, timed and traced (see [`open`]).
 pub fn instrumented(store: SharedStore, kind: &str) -> SharedStore {
     Arc::new(Traced::new(Measured::new(store, kind)))
+}
+
+/// A tier of a tiered store counted, timed and traced apart from the other
+/// one: labelled with its kind and `tier="hot"` or `tier="cold"`, its tier
+/// operations (imports into the cold tier, say) included.
+pub fn instrumented_tier<T: Tier>(tier: T, kind: &str, place: &str) -> Traced<Measured<T>> {
+    Traced::in_tier(Measured::in_tier(tier, kind, place), place)
 }
 
 /// The `store` label of a store URL: its kind, never its address.

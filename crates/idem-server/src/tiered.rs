@@ -26,10 +26,12 @@ pub async fn open(common: &StoreSettings) -> Result<OpenStore, Failure> {
     let t = &common.tiered;
     if t.hot.starts_with("memory:") {
         let hot = MemoryStore::builder().limits(common.limits.clone()).build();
+        let hot = store_url::instrumented_tier(hot, "memory", "hot");
         return with_cold(hot, "memory".into(), common).await;
     }
     #[cfg(feature = "redis")]
     if let Some((hot, description)) = store_url::connect_redis(&t.hot, common).await? {
+        let hot = store_url::instrumented_tier(hot, store_url::kind(&t.hot), "hot");
         return with_cold(hot, description, common).await;
     }
     Err(bad(
@@ -52,7 +54,7 @@ async fn with_cold<H: Tier + Clone>(
         let cold = store_url::open_file(path, common)?;
         return assemble(
             hot,
-            cold.clone(),
+            store_url::instrumented_tier(cold.clone(), "file", "cold"),
             &hot_description,
             &format!("file store in {path}"),
             Some(cold),
@@ -64,6 +66,7 @@ async fn with_cold<H: Tier + Clone>(
     if store_url::is_sql(&t.cold) {
         let cold = store_url::open_sql(&t.cold, common, |b| b).await?;
         let description = cold.description().to_owned();
+        let cold = store_url::instrumented_tier(cold, store_url::kind(&t.cold), "cold");
         return assemble(hot, cold, &hot_description, &description, None, t).await;
     }
     Err(bad(
