@@ -15,7 +15,7 @@ use serde_json::json;
 use crate::Failure;
 use crate::config::{StoreArgs, read_file, resolve_store};
 use crate::ops::shown;
-use crate::store_url::{self, OpenStore};
+use crate::store::{self, OpenStore, StoreSpec};
 
 /// Reads the round trip is the median of.
 const READS: usize = 5;
@@ -107,16 +107,18 @@ impl Report {
 /// Opens the store as `idem serve` would, except that an SQL store's
 /// tables are only checked, never migrated.
 async fn open(settings: &crate::config::StoreSettings, report: &mut Report) -> Option<OpenStore> {
-    let url = settings.store.as_str();
-    if url.starts_with("memory:") {
-        report.ok(
-            "store",
-            "memory:// lives inside one process: nothing to reach, and its records end with it",
-        );
-        return None;
-    }
     let started = Instant::now();
-    let opened = open_unmigrated(settings).await;
+    let opened = match StoreSpec::parse(settings) {
+        Ok(StoreSpec::Memory) => {
+            report.ok(
+                "store",
+                "memory:// lives inside one process: nothing to reach, and its records end with it",
+            );
+            return None;
+        }
+        Ok(spec) => open_unmigrated(&spec, settings).await,
+        Err(e) => Err(e.into()),
+    };
     match opened {
         Ok(store) => {
             report.ok(
@@ -146,22 +148,16 @@ async fn open(settings: &crate::config::StoreSettings, report: &mut Report) -> O
     }
 }
 
-async fn open_unmigrated(settings: &crate::config::StoreSettings) -> Result<OpenStore, Failure> {
+async fn open_unmigrated(
+    spec: &StoreSpec,
+    settings: &crate::config::StoreSettings,
+) -> Result<OpenStore, Failure> {
     #[cfg(feature = "sql")]
-    if store_url::is_sql(&settings.store) {
-        let store = store_url::open_sql(&settings.store, settings, |b| {
-            b.migrate(false).sweep_interval(None)
-        })
-        .await?;
-        return Ok(OpenStore {
-            description: store.description().to_owned(),
-            admin: Some(std::sync::Arc::new(store.clone())),
-            store: std::sync::Arc::new(store),
-            file: None,
-            shutdown: None,
-        });
+    if let StoreSpec::Sql(sql) = spec {
+        let store = store::sql(sql, settings, |b| b.migrate(false).sweep_interval(None)).await?;
+        return Ok(OpenStore::sql(store));
     }
-    store_url::open(settings).await
+    store::open_spec(spec, settings).await
 }
 
 async fn check_store(store: &OpenStore, report: &mut Report) {

@@ -28,8 +28,7 @@ mod ops;
 mod proxy;
 mod serve;
 mod status;
-mod store_url;
-mod tiered;
+mod store;
 #[cfg(feature = "sql")]
 mod upkeep;
 

@@ -23,7 +23,7 @@ use idem_http::gateway::{
 use tower::{Layer, Service};
 
 use crate::config::{CommonArgs, FileSettings, bad, read_file, resolve_common};
-use crate::{Failure, init_logging, serve_until_signal, store_url};
+use crate::{Failure, init_logging, serve_until_signal, store};
 
 /// `idem proxy`.
 #[derive(Args, Debug)]
@@ -155,7 +155,7 @@ pub async fn run(args: ProxyArgs) -> Result<(), Failure> {
     }
     init_logging(&common.log)?;
     let (metrics, _) = crate::prometheus()?;
-    let store = store_url::open(&common).await?;
+    let store = store::open(&common).await?;
     if let Some(addr) = metrics_listen {
         serve_metrics(addr, metrics).await?;
     }

@@ -5,7 +5,7 @@ use idem_http::api::{ApiConfig, ApiState, Detached, router};
 
 use crate::config::{CommonArgs, read_file, resolve_common};
 use crate::status::{self, Status, StoreWatch};
-use crate::{Failure, init_logging, serve_until_signal, store_url};
+use crate::{Failure, init_logging, serve_until_signal, store};
 
 /// `idem serve`.
 #[derive(Args, Debug)]
@@ -44,7 +44,7 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
     init_logging(&common.log)?;
     // Installed first: the store's metric handles are made as it opens.
     let (metrics, watched) = crate::prometheus()?;
-    let store = store_url::open(&common).await?;
+    let store = store::open(&common).await?;
     tracing::info!(store = %store.description, auth = common.auth.is_on(), "starting idem serve");
     let detached = Detached::default();
     let status_page = !args.no_status_page;

@@ -4,8 +4,9 @@
 
 use clap::Args;
 
-use crate::config::{StoreArgs, bad, read_file, resolve_store};
-use crate::{Failure, init_logging, store_url};
+use crate::config::{StoreArgs, StoreSettings, bad, read_file, resolve_store};
+use crate::store::{self, SqlSpec};
+use crate::{Failure, init_logging};
 
 /// `idem migrate`.
 #[derive(Args, Debug)]
@@ -30,12 +31,13 @@ pub struct SweepArgs {
     pub batch: u32,
 }
 
-/// The SQL store URL of `args`, or why there is none.
-fn sql_url(args: StoreArgs, command: &str) -> Result<crate::config::StoreSettings, Failure> {
+/// The settings of `args` and the SQL store they name, or why there is
+/// none.
+fn sql_store(args: StoreArgs, command: &str) -> Result<(StoreSettings, SqlSpec), Failure> {
     let file = read_file(args.config.as_deref())?;
     let settings = resolve_store(args, &file)?;
     init_logging(&settings.log)?;
-    if !store_url::is_sql(&settings.store) {
+    let Some(sql) = SqlSpec::parse(&settings.store) else {
         return Err(bad(
             "store",
             format!(
@@ -44,20 +46,17 @@ fn sql_url(args: StoreArgs, command: &str) -> Result<crate::config::StoreSetting
             ),
         )
         .into());
-    }
-    Ok(settings)
+    };
+    Ok((settings, sql))
 }
 
 /// Brings the SQL store's tables up to the schema this idem needs, and says
 /// what it did.
 pub async fn migrate(args: MigrateArgs) -> Result<(), Failure> {
-    let settings = sql_url(args.store, "migrate")?;
-    let builder = idem_sql::SqlStore::builder(&settings.store).limits(settings.limits.clone());
-    let shown = idem_sql::redacted(&settings.store);
-    let migrated = builder
-        .run_migrations()
-        .await
-        .map_err(store_url::sql_failure)?;
+    let (settings, sql) = sql_store(args.store, "migrate")?;
+    let builder = idem_sql::SqlStore::builder(&sql.url).limits(settings.limits.clone());
+    let shown = idem_sql::redacted(&sql.url);
+    let migrated = builder.run_migrations().await.map_err(store::sql_failure)?;
     if migrated.applied.is_empty() {
         println!("{shown}: already at schema version {}", migrated.version);
     } else {
@@ -78,8 +77,8 @@ pub async fn sweep(args: SweepArgs) -> Result<(), Failure> {
     if batch == 0 {
         return Err(bad("batch", "must be at least 1").into());
     }
-    let settings = sql_url(args.store, "sweep")?;
-    let store = store_url::open_sql(&settings.store, &settings, |b| {
+    let (settings, sql) = sql_store(args.store, "sweep")?;
+    let store = store::sql(&sql, &settings, |b| {
         b.migrate(false).sweep_interval(None).sweep_batch(batch)
     })
     .await?;

@@ -3,6 +3,7 @@
 //! `idem serve` (on the tiered store, after traffic that takes a lease
 //! over, is refused and uses a stale token), or, for a metric only an
 //! event or another command emits, a name the binary's sources register.
+//! A panel that shows the tiers apart finds both tiers in those series.
 
 mod support;
 
@@ -32,7 +33,8 @@ fn names_in(expr: &str) -> Vec<String> {
     out
 }
 
-fn dashboard_names() -> BTreeSet<String> {
+/// Every panel's queries.
+fn dashboard_exprs() -> Vec<String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../ops/grafana/idem.json");
     let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let panels = dashboard["panels"].as_array().expect("panels");
@@ -40,8 +42,12 @@ fn dashboard_names() -> BTreeSet<String> {
     panels
         .iter()
         .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
-        .flat_map(|t| names_in(t["expr"].as_str().unwrap_or_default()))
+        .map(|t| t["expr"].as_str().unwrap_or_default().to_owned())
         .collect()
+}
+
+fn dashboard_names() -> BTreeSet<String> {
+    dashboard_exprs().iter().flat_map(|e| names_in(e)).collect()
 }
 
 /// Whether `"name"` is written in the sources of the crates the binary is
@@ -139,6 +145,24 @@ async fn the_dashboard_references_only_metrics_idem_emits() {
         unknown.is_empty(),
         "the dashboard queries metrics no idem binary emits: {unknown:?}"
     );
+
+    // The panels that show the tiers apart: each metric they query has a
+    // series of the hot tier and one of the cold tier.
+    let by_tier: Vec<String> = dashboard_exprs()
+        .into_iter()
+        .filter(|e| e.contains("tier!=\"\""))
+        .collect();
+    assert!(by_tier.len() >= 2, "panels by tier: {by_tier:?}");
+    for name in by_tier.iter().flat_map(|e| names_in(e)) {
+        for tier in ["tier=\"hot\"", "tier=\"cold\""] {
+            assert!(
+                exposition
+                    .lines()
+                    .any(|l| l.starts_with(&name) && l.contains(tier)),
+                "the dashboard charts {name} by tier, and idem serve has no {tier} series of it"
+            );
+        }
+    }
 }
 
 #[test]

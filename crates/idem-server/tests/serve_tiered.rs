@@ -223,6 +223,70 @@ async fn tiered_on_redis_over_postgres() {
     assert_eq!(idem.terminate().await, 0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hot_and_the_cold_tier_are_measured_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let cold = format!("file://{}", dir.path().display());
+    let args = [
+        "serve",
+        "--store",
+        "tiered",
+        "--hot-store",
+        "memory://",
+        "--cold-store",
+        &cold,
+    ];
+    let idem = start(&args, &[]).await;
+    let b = post(&idem.url("/v1/orders/begin"), json!({"key": "k"}))
+        .await
+        .json();
+    assert_eq!(b["status"], "acquired", "{b}");
+    // Answered once the cold tier holds it (a memory hot tier's default).
+    let done = post(
+        &idem.url("/v1/orders/complete"),
+        json!({"key": "k", "token": b["token"], "outcome": 1}),
+    )
+    .await;
+    assert_eq!(done.status, 200, "{}", done.problem(200));
+    let text = support::get(&idem.url("/metrics")).await.body;
+    let text = String::from_utf8(text.to_vec()).unwrap();
+    assert_eq!(idem.terminate().await, 0);
+
+    let value = |series: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.strip_prefix(series).is_some_and(|v| v.starts_with(' ')))
+            .unwrap_or_else(|| panic!("no series {series} in:\n{text}"));
+        line[series.len()..].trim().parse().unwrap()
+    };
+    let calls = |labels: &str| value(&format!("idem_store_calls_total{{{labels}}}"));
+    let timed = |labels: &str| value(&format!("idem_store_call_seconds_count{{{labels}}}"));
+    // The whole store, as before: no tier label.
+    assert_eq!(
+        calls(r#"store="tiered",operation="begin",outcome="ok""#),
+        1.0
+    );
+    // The claim and its completion in the hot tier.
+    let hot = r#"store="memory",tier="hot""#;
+    assert_eq!(
+        calls(&format!(r#"{hot},operation="begin",outcome="ok""#)),
+        1.0
+    );
+    assert_eq!(
+        calls(&format!(r#"{hot},operation="complete",outcome="ok""#)),
+        1.0
+    );
+    assert_eq!(timed(&format!(r#"{hot},operation="begin""#)), 1.0);
+    // The completed record imported into the cold tier.
+    let cold = r#"store="file",tier="cold""#;
+    assert!(calls(&format!(r#"{cold},operation="import_many",outcome="ok""#)) >= 1.0);
+    assert!(timed(&format!(r#"{cold},operation="import_many""#)) >= 1.0);
+    assert!(
+        !text.contains(r#"store="file",operation"#),
+        "every cold tier series carries its tier:\n{text}"
+    );
+}
+
 #[test]
 fn tiered_settings_that_cannot_work_are_refused_with_what_to_change() {
     let cases: [(&[&str], &str); 5] = [

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use idem_core::layer::StoreWrapper;
 use idem_core::tier::{
-    CompletedKey, FilterProbe, Handover, ImportItem, Imported, SharedFilter, Tier,
+    CompletedKey, FilterProbe, Handover, ImportItem, Imported, SharedFilter, SoleFront, Tier,
 };
 use idem_core::{
     Begin, BeginItem, CompleteItem, Entry, Fenced, FencingToken, Fingerprint, Key, Lease, Record,
@@ -175,6 +175,16 @@ impl<S: Tier> Tier for Switchable<S> {
     async fn token_high_water(&self) -> Result<FencingToken, StoreError> {
         self.check()?;
         self.inner.token_high_water().await
+    }
+
+    async fn record_high_water(&self, token: FencingToken) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.record_high_water(token).await
+    }
+
+    async fn hold_sole_front(&self) -> Result<SoleFront, StoreError> {
+        self.check()?;
+        self.inner.hold_sole_front().await
     }
 
     const KEEPS_HANDOVERS: bool = S::KEEPS_HANDOVERS;

@@ -5,15 +5,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use metrics::{Counter, Histogram};
+use metrics::{Counter, Histogram, Label};
 
-use super::{StoreLayer, StoreWrapper};
+use super::{StoreLayer, StoreWrapper, TierOperation, TierWrapper};
+use crate::tier::Tier;
 use crate::{
     Begin, BeginItem, CompleteItem, Entry, Fenced, FencingToken, Fingerprint, Key, Lease, Record,
     ScanQuery, Store, StoreError, Timestamp,
 };
 
-/// The operations, in the order of [`Handles`]' arrays.
+/// The store operations, in the order of [`Handles`]' arrays.
 const OPERATIONS: [&str; 8] = [
     "begin",
     "complete",
@@ -36,43 +37,30 @@ const SCAN: usize = 7;
 /// How a call ended, in the order of [`Handles`]' arrays.
 const OUTCOMES: [&str; 4] = ["ok", "stale", "refused", "failed"];
 
-/// The metric handles, made once: looking a metric up by name and labels
-/// on every call would cost more than many a store operation.
-struct Handles {
-    calls: [[Counter; OUTCOMES.len()]; OPERATIONS.len()],
-    seconds: [Histogram; OPERATIONS.len()],
+/// The metric handles of `N` operations, made once: looking a metric up by
+/// name and labels on every call would cost more than many a store
+/// operation.
+struct Handles<const N: usize> {
+    calls: [[Counter; OUTCOMES.len()]; N],
+    seconds: [Histogram; N],
 }
 
-/// Counts each operation by how it ended and times it:
-/// `idem_store_calls_total{store, operation, outcome}` (`outcome` is `ok`,
-/// `stale` for a fenced call whose token no longer owns the key, `refused`
-/// for input over a limit, `failed` for a store error) and
-/// `idem_store_call_seconds{store, operation}`.
-///
-/// A call dropped before it finished is counted nowhere.
-#[derive(Clone)]
-pub struct Measured<S> {
-    inner: S,
-    handles: Arc<Handles>,
-}
-
-impl<S: Store> Measured<S> {
-    /// Measures `inner`, labelled `store="name"`.
-    pub fn new(inner: S, name: &str) -> Self {
-        let name: Arc<str> = name.into();
-        let handles = Handles {
-            calls: OPERATIONS.map(|op| {
+impl<const N: usize> Handles<N> {
+    /// The handles of `operations`, each labelled `labels` first.
+    fn new(operations: [&'static str; N], labels: &[Label]) -> Self {
+        let with = |more: &[Label]| -> Vec<Label> { labels.iter().chain(more).cloned().collect() };
+        Self {
+            calls: operations.map(|op| {
                 OUTCOMES.map(|outcome| {
-                    metrics::counter!("idem_store_calls_total", "store" => name.to_string(), "operation" => op, "outcome" => outcome)
+                    let labels =
+                        with(&[Label::new("operation", op), Label::new("outcome", outcome)]);
+                    metrics::counter!("idem_store_calls_total", labels)
                 })
             }),
-            seconds: OPERATIONS.map(|op| {
-                metrics::histogram!("idem_store_call_seconds", "store" => name.to_string(), "operation" => op)
+            seconds: operations.map(|op| {
+                let labels = with(&[Label::new("operation", op)]);
+                metrics::histogram!("idem_store_call_seconds", labels)
             }),
-        };
-        Self {
-            inner,
-            handles: Arc::new(handles),
         }
     }
 
@@ -84,15 +72,85 @@ impl<S: Store> Measured<S> {
     ) -> Result<T, StoreError> {
         let start = Instant::now();
         let answer = call.await;
-        self.handles.seconds[op].record(start.elapsed());
+        self.seconds[op].record(start.elapsed());
         let outcome = match &answer {
             Ok(v) if stale(v) => 1,
             Ok(_) => 0,
             Err(StoreError::Invalid(_)) => 2,
             Err(_) => 3,
         };
-        self.handles.calls[op][outcome].increment(1);
+        self.calls[op][outcome].increment(1);
         answer
+    }
+}
+
+/// The handles of a measured store: its store operations', and, for a
+/// store measured as a tier, its tier operations'.
+struct Meters {
+    store: Handles<{ OPERATIONS.len() }>,
+    tier: Option<Handles<{ TierOperation::ALL.len() }>>,
+}
+
+/// Counts each operation by how it ended and times it:
+/// `idem_store_calls_total{store, operation, outcome}` (`outcome` is `ok`,
+/// `stale` for a fenced call whose token no longer owns the key, `refused`
+/// for input over a limit, `failed` for a store error) and
+/// `idem_store_call_seconds{store, operation}`.
+///
+/// A store measured as a tier of a tiered store ([`Measured::in_tier`])
+/// carries a `tier` label as well (`tier="hot"`, `tier="cold"`), and its
+/// [`Tier`] operations are counted and timed too (`operation` is
+/// `import_many`, `shorten`, …: [`TierOperation::name`]). A store measured
+/// with [`Measured::new`] has no `tier` label, and the tier operations of
+/// such a store go through uncounted.
+///
+/// A call dropped before it finished is counted nowhere.
+#[derive(Clone)]
+pub struct Measured<S> {
+    inner: S,
+    meters: Arc<Meters>,
+}
+
+impl<S: Store> Measured<S> {
+    /// Measures `inner`, labelled `store="name"`.
+    pub fn new(inner: S, name: &str) -> Self {
+        let labels = [Label::new("store", name.to_owned())];
+        Self {
+            inner,
+            meters: Arc::new(Meters {
+                store: Handles::new(OPERATIONS, &labels),
+                tier: None,
+            }),
+        }
+    }
+
+    /// Measures `inner` as the `tier` tier of a tiered store (`hot`,
+    /// `cold`), labelled `store="name", tier="tier"`: its store operations
+    /// and its tier operations.
+    pub fn in_tier(inner: S, name: &str, tier: &str) -> Self {
+        let labels = [
+            Label::new("store", name.to_owned()),
+            Label::new("tier", tier.to_owned()),
+        ];
+        Self {
+            inner,
+            meters: Arc::new(Meters {
+                store: Handles::new(OPERATIONS, &labels),
+                tier: Some(Handles::new(
+                    TierOperation::ALL.map(TierOperation::name),
+                    &labels,
+                )),
+            }),
+        }
+    }
+
+    fn timed<T>(
+        &self,
+        op: usize,
+        call: impl Future<Output = Result<T, StoreError>>,
+        stale: impl FnOnce(&T) -> bool,
+    ) -> impl Future<Output = Result<T, StoreError>> {
+        self.meters.store.timed(op, call, stale)
     }
 }
 
@@ -171,13 +229,29 @@ impl<S: Store> StoreWrapper for Measured<S> {
     }
 }
 
+/// A measured tier counts and times its tier operations too, when it was
+/// measured as a tier ([`Measured::in_tier`]).
+impl<S: Tier> TierWrapper for Measured<S> {
+    async fn around<T: Send>(
+        &self,
+        operation: TierOperation,
+        call: impl Future<Output = Result<T, StoreError>> + Send,
+    ) -> Result<T, StoreError> {
+        match &self.meters.tier {
+            Some(tier) => tier.timed(operation as usize, call, never).await,
+            None => call.await,
+        }
+    }
+}
+
 /// Wraps a store in [`Measured`].
 #[derive(Clone, Debug)]
 pub struct Measure(Arc<str>);
 
 impl Measure {
     /// Labels the metrics `store="name"` (a name you chose, such as the
-    /// store's kind or role: `redis`, `hot`).
+    /// store's kind: `redis`, `file`). A tier of a tiered store is
+    /// measured with [`Measured::in_tier`].
     pub fn named(name: &str) -> Self {
         Self(name.into())
     }

@@ -5,6 +5,9 @@
 //! A wrapper implements [`StoreWrapper`]: it names the store it wraps and
 //! overrides only the operations it changes; every other operation goes
 //! straight through, and the wrapper is a [`Store`] by that alone. A
+//! wrapper that also implements [`TierWrapper`] is a [`Tier`] when the
+//! store it wraps is one: [`Measured`] and [`Traced`] around each tier of a
+//! tiered store tell its hot tier's calls from its cold tier's. A
 //! [`StoreLayer`] builds the wrapper around any store, so layers stack:
 //!
 //! ```
@@ -37,6 +40,9 @@ pub use checked::{CheckLimits, Checked};
 pub use measured::{Measure, Measured};
 pub use traced::{Trace, Traced};
 
+use crate::tier::{
+    CompletedKey, FilterProbe, Handover, ImportItem, Imported, SharedFilter, SoleFront, Tier,
+};
 use crate::{
     Begin, BeginItem, CompleteItem, Entry, Fenced, FencingToken, Fingerprint, Key, Lease, Limits,
     Record, ScanQuery, SharedStore, Store, StoreError, Timestamp,
@@ -213,6 +219,260 @@ impl<S: Store + ?Sized> StoreWrapper for Arc<S> {
     }
 }
 
+/// The operations of [`Tier`], as a [`TierWrapper`] sees them go by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TierOperation {
+    /// [`Tier::import_many`].
+    ImportMany,
+    /// [`Tier::raise_token_floor`].
+    RaiseTokenFloor,
+    /// [`Tier::record_high_water`].
+    RecordHighWater,
+    /// [`Tier::token_high_water`].
+    TokenHighWater,
+    /// [`Tier::shorten`].
+    Shorten,
+    /// [`Tier::list_handovers`].
+    ListHandovers,
+    /// [`Tier::due_handovers`].
+    DueHandovers,
+    /// [`Tier::unlist_handovers`].
+    UnlistHandovers,
+    /// [`Tier::agree_filter`].
+    AgreeFilter,
+    /// [`Tier::filter_insert`].
+    FilterInsert,
+    /// [`Tier::filter_check`].
+    FilterCheck,
+    /// [`Tier::filter_ready`].
+    FilterReady,
+    /// [`Tier::filter_mark_ready`].
+    FilterMarkReady,
+    /// [`Tier::filter_rebuild_lease`].
+    FilterRebuildLease,
+    /// [`Tier::hold_sole_front`].
+    HoldSoleFront,
+    /// [`Tier::latest_expiry`].
+    LatestExpiry,
+    /// [`Tier::completed_since`].
+    CompletedSince,
+    /// [`Tier::completed_keys`].
+    CompletedKeys,
+}
+
+impl TierOperation {
+    /// Every tier operation, in declaration order.
+    pub const ALL: [TierOperation; 18] = [
+        Self::ImportMany,
+        Self::RaiseTokenFloor,
+        Self::RecordHighWater,
+        Self::TokenHighWater,
+        Self::Shorten,
+        Self::ListHandovers,
+        Self::DueHandovers,
+        Self::UnlistHandovers,
+        Self::AgreeFilter,
+        Self::FilterInsert,
+        Self::FilterCheck,
+        Self::FilterReady,
+        Self::FilterMarkReady,
+        Self::FilterRebuildLease,
+        Self::HoldSoleFront,
+        Self::LatestExpiry,
+        Self::CompletedSince,
+        Self::CompletedKeys,
+    ];
+
+    /// The method's name: `import_many`, `shorten`, … (the `operation`
+    /// label of a measured tier's calls).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ImportMany => "import_many",
+            Self::RaiseTokenFloor => "raise_token_floor",
+            Self::RecordHighWater => "record_high_water",
+            Self::TokenHighWater => "token_high_water",
+            Self::Shorten => "shorten",
+            Self::ListHandovers => "list_handovers",
+            Self::DueHandovers => "due_handovers",
+            Self::UnlistHandovers => "unlist_handovers",
+            Self::AgreeFilter => "agree_filter",
+            Self::FilterInsert => "filter_insert",
+            Self::FilterCheck => "filter_check",
+            Self::FilterReady => "filter_ready",
+            Self::FilterMarkReady => "filter_mark_ready",
+            Self::FilterRebuildLease => "filter_rebuild_lease",
+            Self::HoldSoleFront => "hold_sole_front",
+            Self::LatestExpiry => "latest_expiry",
+            Self::CompletedSince => "completed_since",
+            Self::CompletedKeys => "completed_keys",
+        }
+    }
+}
+
+/// A [`StoreWrapper`] around a [`Tier`] is a tier too: every tier
+/// operation goes to the wrapped tier, by way of
+/// [`around`](TierWrapper::around), and the capabilities
+/// ([`VOLATILE`](Tier::VOLATILE), [`KEEPS_HANDOVERS`](Tier::KEEPS_HANDOVERS),
+/// [`SHARES_FILTER`](Tier::SHARES_FILTER)) are the wrapped tier's. None of
+/// `Tier`'s default bodies stands in for the wrapped tier's own methods: a
+/// wrapped tier does what the bare one does.
+///
+/// ```
+/// use idem_core::layer::{Measured, Traced};
+/// use idem_core::tier::Tier;
+/// use idem_core::MemoryStore;
+///
+/// let hot = Traced::in_tier(Measured::in_tier(MemoryStore::new(), "memory", "hot"), "hot");
+/// assert!(<Traced<Measured<MemoryStore>> as Tier>::VOLATILE);
+/// # let _ = hot;
+/// ```
+pub trait TierWrapper: StoreWrapper<Inner: Tier> {
+    /// Runs `call`, the wrapped tier's `operation`; by default, just that.
+    fn around<T: Send>(
+        &self,
+        operation: TierOperation,
+        call: impl Future<Output = Result<T, StoreError>> + Send,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send {
+        let _ = operation;
+        call
+    }
+}
+
+impl<W: TierWrapper> Tier for W {
+    const VOLATILE: bool = <W::Inner as Tier>::VOLATILE;
+    const KEEPS_HANDOVERS: bool = <W::Inner as Tier>::KEEPS_HANDOVERS;
+    const SHARES_FILTER: bool = <W::Inner as Tier>::SHARES_FILTER;
+
+    fn import_many(
+        &self,
+        items: &[ImportItem],
+    ) -> impl Future<Output = Result<Vec<Imported>, StoreError>> + Send {
+        self.around(TierOperation::ImportMany, self.inner().import_many(items))
+    }
+    fn raise_token_floor(
+        &self,
+        floor: FencingToken,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let call = self.inner().raise_token_floor(floor);
+        self.around(TierOperation::RaiseTokenFloor, call)
+    }
+    fn record_high_water(
+        &self,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let call = self.inner().record_high_water(token);
+        self.around(TierOperation::RecordHighWater, call)
+    }
+    fn token_high_water(&self) -> impl Future<Output = Result<FencingToken, StoreError>> + Send {
+        let call = self.inner().token_high_water();
+        self.around(TierOperation::TokenHighWater, call)
+    }
+    fn shorten(
+        &self,
+        items: &[Handover],
+        keep: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.around(TierOperation::Shorten, self.inner().shorten(items, keep))
+    }
+    fn list_handovers(
+        &self,
+        list: &str,
+        items: &[Handover],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let call = self.inner().list_handovers(list, items);
+        self.around(TierOperation::ListHandovers, call)
+    }
+    fn due_handovers(
+        &self,
+        list: &str,
+        listed_for: Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Handover>, StoreError>> + Send {
+        let call = self.inner().due_handovers(list, listed_for, limit);
+        self.around(TierOperation::DueHandovers, call)
+    }
+    fn unlist_handovers(
+        &self,
+        list: &str,
+        items: &[Handover],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let call = self.inner().unlist_handovers(list, items);
+        self.around(TierOperation::UnlistHandovers, call)
+    }
+    fn agree_filter(
+        &self,
+        proposed: &SharedFilter,
+    ) -> impl Future<Output = Result<SharedFilter, StoreError>> + Send {
+        let call = self.inner().agree_filter(proposed);
+        self.around(TierOperation::AgreeFilter, call)
+    }
+    fn filter_insert(
+        &self,
+        filter: &SharedFilter,
+        probes: &[FilterProbe],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let call = self.inner().filter_insert(filter, probes);
+        self.around(TierOperation::FilterInsert, call)
+    }
+    fn filter_check(
+        &self,
+        filter: &SharedFilter,
+        probes: &[FilterProbe],
+    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send {
+        let call = self.inner().filter_check(filter, probes);
+        self.around(TierOperation::FilterCheck, call)
+    }
+    fn filter_ready(
+        &self,
+        filter: &SharedFilter,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let call = self.inner().filter_ready(filter);
+        self.around(TierOperation::FilterReady, call)
+    }
+    fn filter_mark_ready(
+        &self,
+        filter: &SharedFilter,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let call = self.inner().filter_mark_ready(filter);
+        self.around(TierOperation::FilterMarkReady, call)
+    }
+    fn filter_rebuild_lease(
+        &self,
+        filter: &SharedFilter,
+        holder: &str,
+        hold: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let call = self.inner().filter_rebuild_lease(filter, holder, hold);
+        self.around(TierOperation::FilterRebuildLease, call)
+    }
+    fn hold_sole_front(&self) -> impl Future<Output = Result<SoleFront, StoreError>> + Send {
+        let call = self.inner().hold_sole_front();
+        self.around(TierOperation::HoldSoleFront, call)
+    }
+    fn latest_expiry(&self) -> impl Future<Output = Result<Option<Timestamp>, StoreError>> + Send {
+        let call = self.inner().latest_expiry();
+        self.around(TierOperation::LatestExpiry, call)
+    }
+    fn completed_since(
+        &self,
+        since: Timestamp,
+        after: Option<&CompletedKey>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Option<Vec<CompletedKey>>, StoreError>> + Send {
+        let call = self.inner().completed_since(since, after, limit);
+        self.around(TierOperation::CompletedSince, call)
+    }
+    fn completed_keys(
+        &self,
+        after: Option<&Key>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Key>, StoreError>> + Send {
+        let call = self.inner().completed_keys(after, limit);
+        self.around(TierOperation::CompletedKeys, call)
+    }
+}
+
 /// Builds a wrapper around a store: `tower::Layer` for stores.
 pub trait StoreLayer<S> {
     /// The wrapped store.
@@ -237,3 +497,15 @@ pub trait StoreExt: Store + Sized {
 }
 
 impl<S: Store> StoreExt for S {}
+
+#[cfg(test)]
+mod tests {
+    use super::TierOperation;
+
+    #[test]
+    fn every_tier_operation_is_listed_once_in_declaration_order() {
+        for (n, op) in TierOperation::ALL.into_iter().enumerate() {
+            assert_eq!(op as usize, n, "{op:?}");
+        }
+    }
+}

@@ -1,12 +1,14 @@
 //! A `tracing` span around every store operation.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use tracing::Instrument;
 
-use super::{StoreLayer, StoreWrapper};
+use super::{StoreLayer, StoreWrapper, TierOperation, TierWrapper};
+use crate::tier::Tier;
 use crate::{
     Begin, BeginItem, CompleteItem, Entry, Fenced, FencingToken, Fingerprint, Key, Lease, Record,
     ScanQuery, Store, StoreError, Timestamp,
@@ -18,15 +20,36 @@ use crate::{
 /// `outcome` class: `ok`, `stale` (a fenced call whose token no longer owns
 /// the key), `refused` (input over a limit) or `failed` (a store error,
 /// also logged at debug level inside the span). Never an outcome's bytes.
+///
+/// A store traced as a tier of a tiered store ([`Traced::in_tier`]) adds
+/// its `tier` (`hot`, `cold`) to each span, and traces its [`Tier`]
+/// operations as well (`operation` is `import_many`, `shorten`, …). A
+/// store traced with [`Traced::new`] has no `tier` field, and the tier
+/// operations of such a store go through untraced.
 #[derive(Clone, Debug)]
 pub struct Traced<S> {
     inner: S,
+    tier: Option<Arc<str>>,
 }
 
 impl<S: Store> Traced<S> {
     /// Traces calls to `inner`.
     pub fn new(inner: S) -> Self {
-        Self { inner }
+        Self { inner, tier: None }
+    }
+
+    /// Traces calls to `inner`, the `tier` tier of a tiered store (`hot`,
+    /// `cold`): its store operations and its tier operations.
+    pub fn in_tier(inner: S, tier: &str) -> Self {
+        Self {
+            inner,
+            tier: Some(tier.into()),
+        }
+    }
+
+    /// The `tier` field of this store's spans: none outside a tiered store.
+    fn tier(&self) -> Option<&str> {
+        self.tier.as_deref()
     }
 }
 
@@ -66,7 +89,7 @@ impl<S: Store> StoreWrapper for Traced<S> {
         fingerprint: Option<Fingerprint>,
         lease: Lease,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
-        let span = tracing::debug_span!("store", operation = "begin", %key, outcome = tracing::field::Empty);
+        let span = tracing::debug_span!("store", operation = "begin", tier = self.tier(), %key, outcome = tracing::field::Empty);
         logged(self.inner.begin(key, fingerprint, lease), never).instrument(span)
     }
 
@@ -77,7 +100,7 @@ impl<S: Store> StoreWrapper for Traced<S> {
         outcome: Option<Bytes>,
         retention: Duration,
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
-        let span = tracing::debug_span!("store", operation = "complete", %key, token = token.get(), outcome = tracing::field::Empty);
+        let span = tracing::debug_span!("store", operation = "complete", tier = self.tier(), %key, token = token.get(), outcome = tracing::field::Empty);
         logged(
             self.inner.complete(key, token, outcome, retention),
             Fenced::is_stale,
@@ -90,7 +113,7 @@ impl<S: Store> StoreWrapper for Traced<S> {
         key: &Key,
         token: FencingToken,
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
-        let span = tracing::debug_span!("store", operation = "release", %key, token = token.get(), outcome = tracing::field::Empty);
+        let span = tracing::debug_span!("store", operation = "release", tier = self.tier(), %key, token = token.get(), outcome = tracing::field::Empty);
         logged(self.inner.release(key, token), Fenced::is_stale).instrument(span)
     }
 
@@ -100,13 +123,12 @@ impl<S: Store> StoreWrapper for Traced<S> {
         token: FencingToken,
         lease: Lease,
     ) -> impl Future<Output = Result<Fenced<Timestamp>, StoreError>> + Send {
-        let span = tracing::debug_span!("store", operation = "extend", %key, token = token.get(), outcome = tracing::field::Empty);
+        let span = tracing::debug_span!("store", operation = "extend", tier = self.tier(), %key, token = token.get(), outcome = tracing::field::Empty);
         logged(self.inner.extend(key, token, lease), Fenced::is_stale).instrument(span)
     }
 
     fn get(&self, key: &Key) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
-        let span =
-            tracing::debug_span!("store", operation = "get", %key, outcome = tracing::field::Empty);
+        let span = tracing::debug_span!("store", operation = "get", tier = self.tier(), %key, outcome = tracing::field::Empty);
         logged(self.inner.get(key), never).instrument(span)
     }
 
@@ -117,6 +139,7 @@ impl<S: Store> StoreWrapper for Traced<S> {
         let span = tracing::debug_span!(
             "store",
             operation = "begin_many",
+            tier = self.tier(),
             items = items.len(),
             outcome = tracing::field::Empty
         );
@@ -130,6 +153,7 @@ impl<S: Store> StoreWrapper for Traced<S> {
         let span = tracing::debug_span!(
             "store",
             operation = "complete_many",
+            tier = self.tier(),
             items = items.len(),
             outcome = tracing::field::Empty
         );
@@ -140,8 +164,29 @@ impl<S: Store> StoreWrapper for Traced<S> {
         &self,
         query: &ScanQuery,
     ) -> impl Future<Output = Result<Vec<Entry>, StoreError>> + Send {
-        let span = tracing::debug_span!("store", operation = "scan", namespace = %query.namespace, outcome = tracing::field::Empty);
+        let span = tracing::debug_span!("store", operation = "scan", tier = self.tier(), namespace = %query.namespace, outcome = tracing::field::Empty);
         logged(self.inner.scan(query), never).instrument(span)
+    }
+}
+
+/// A traced tier traces its tier operations too, when it was traced as a
+/// tier ([`Traced::in_tier`]).
+impl<S: Tier> TierWrapper for Traced<S> {
+    async fn around<T: Send>(
+        &self,
+        operation: TierOperation,
+        call: impl Future<Output = Result<T, StoreError>> + Send,
+    ) -> Result<T, StoreError> {
+        let Some(tier) = self.tier() else {
+            return call.await;
+        };
+        let span = tracing::debug_span!(
+            "store",
+            operation = operation.name(),
+            tier,
+            outcome = tracing::field::Empty
+        );
+        logged(call, never).instrument(span).await
     }
 }
 

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use self::http::{DEFAULT_DEAD_LETTER_STATUS, DEFAULT_PAUSE_STATUS, HttpHandler, Statuses};
 use crate::config::{FileSettings, StoreArgs, StoreSettings, bad, read_file, resolve_store};
 use crate::status::{self, Consumer, Status, StoreWatch};
-use crate::{Failure, init_logging, shutdown_signal, store_url};
+use crate::{Failure, init_logging, shutdown_signal, store};
 
 /// `idem consume`.
 #[derive(Args, Debug)]
@@ -319,7 +319,7 @@ pub async fn run(args: ConsumeArgs) -> Result<(), Failure> {
     let settings = resolve(args, &file)?;
     init_logging(&settings.store.log)?;
     let (metrics, watched) = crate::prometheus()?;
-    let store = store_url::open(&settings.store).await?;
+    let store = store::open(&settings.store).await?;
     let shutdown = CancellationToken::new();
     {
         let shutdown = shutdown.clone();

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::{age, failed, namespace_of, open, spinner};
 use crate::Failure;
 use crate::config::{StoreArgs, bad};
-use crate::store_url::OpenStore;
+use crate::store::OpenStore;
 
 /// `idem stats`.
 #[derive(Args, Debug)]

@@ -21,7 +21,7 @@ use idem_core::{
 use serde_json::{Value, json};
 
 use crate::config::{StoreArgs, bad, read_file, resolve_store};
-use crate::store_url::{self, OpenStore};
+use crate::store::{self, HotTier, OpenStore, StoreSpec};
 use crate::{Failure, init_logging};
 
 /// Bytes of an outcome shown unless `--full`.
@@ -130,39 +130,44 @@ pub(crate) async fn open(args: StoreArgs) -> Result<OpenStore, Failure> {
     let file = read_file(args.config.as_deref())?;
     let mut settings = resolve_store(args, &file)?;
     init_logging(&settings.log)?;
-    if settings.store.starts_with("memory:") {
-        return Err(bad(
-            "store",
-            "memory:// lives inside the process that uses it: point --store at the store \
-             `idem serve` or `idem consume` runs on (file://, redis://, postgres://, mysql://)",
-        )
-        .into());
-    }
-    if matches!(settings.store.as_str(), "tiered" | "tiered://") {
-        let t = &mut settings.tiered;
-        if t.hot.starts_with("memory:") {
+    let spec = StoreSpec::parse(&settings)?;
+    match &spec {
+        StoreSpec::Memory => {
             return Err(bad(
                 "store",
-                "a tiered store's memory hot tier lives inside the process that serves it: ask \
-                 that server over HTTP (curl 'HOST:PORT/v1/NS/record?key=KEY'), or point --store \
-                 at the cold tier for completed history",
+                "memory:// lives inside the process that uses it: point --store at the store \
+                 `idem serve` or `idem consume` runs on (file://, redis://, postgres://, mysql://)",
             )
             .into());
         }
-        // An operator's look reads and acts on the real tiers: no filter
-        // to rebuild, and nothing moved on the way.
-        t.filter_items = None;
-        t.sweep_handovers = false;
+        StoreSpec::Tiered { hot, .. } => {
+            if matches!(hot, HotTier::Memory) {
+                return Err(bad(
+                    "store",
+                    "a tiered store's memory hot tier lives inside the process that serves it: \
+                     ask that server over HTTP (curl 'HOST:PORT/v1/NS/record?key=KEY'), or point \
+                     --store at the cold tier for completed history",
+                )
+                .into());
+            }
+            // An operator's look reads and acts on the real tiers: no
+            // filter to rebuild, and nothing moved on the way.
+            settings.tiered.filter_items = None;
+            settings.tiered.sweep_handovers = false;
+        }
+        _ => {}
     }
-    let file = settings.store.starts_with("file://");
-    store_url::open(&settings).await.map_err(|e| match e {
-        Failure::Run(why) if file => Failure::Run(format!(
-            "{why}. A file store is one process's at a time: stop the idem serve or idem \
-             consume using it first, or ask the running server over HTTP: \
-             curl 'HOST:PORT/v1/NS/record?key=KEY'"
-        )),
-        other => other,
-    })
+    let file = matches!(spec, StoreSpec::File { .. });
+    store::open_spec(&spec, &settings)
+        .await
+        .map_err(|e| match e {
+            Failure::Run(why) if file => Failure::Run(format!(
+                "{why}. A file store is one process's at a time: stop the idem serve or idem \
+                 consume using it first, or ask the running server over HTTP: \
+                 curl 'HOST:PORT/v1/NS/record?key=KEY'"
+            )),
+            other => other,
+        })
 }
 
 fn key_of(namespace: &str, key: &str) -> Result<Key, Failure> {

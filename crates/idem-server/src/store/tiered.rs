@@ -8,69 +8,76 @@ use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
+use idem_core::layer::{Measured, Traced};
 use idem_core::tier::Tier;
-use idem_core::{MemoryStore, SharedClock, SystemClock};
+use idem_core::{SharedClock, SharedStore, SystemClock};
 use idem_file::FileStore;
 use idem_tiered::filter::{Fed, FilterConfig, FilterSeed, KeyFilter, maintain};
 use idem_tiered::{Acknowledgement, TieredStore};
 
+use super::single;
+use super::spec::{ColdTier, HotTier};
 use crate::Failure;
 use crate::config::{StoreSettings, TieredSettings, bad};
-use crate::store_url::{self, OpenStore};
 
-/// Opens `--hot-store` in front of `--cold-store`.
-pub async fn open(common: &StoreSettings) -> Result<OpenStore, Failure> {
-    let t = &common.tiered;
-    if t.hot.starts_with("memory:") {
-        let hot = MemoryStore::builder().limits(common.limits.clone()).build();
-        return with_cold(hot, "memory".into(), common).await;
+/// An open tiered store.
+pub struct OpenTiered {
+    pub store: SharedStore,
+    pub description: String,
+    /// Moves what it can to the cold tier, stops the filter's upkeep and
+    /// makes the cold tier durable.
+    pub shutdown: BoxFuture<'static, ()>,
+}
+
+/// Opens `hot` in front of `cold`, each tier measured and traced apart.
+pub async fn open(
+    hot: &HotTier,
+    cold: &ColdTier,
+    settings: &StoreSettings,
+) -> Result<OpenTiered, Failure> {
+    match hot {
+        HotTier::Memory => {
+            let store = instrumented(single::memory(settings), hot.kind(), "hot");
+            with_cold(store, "memory", cold, settings).await
+        }
+        #[cfg(feature = "redis")]
+        HotTier::Redis(redis) => {
+            let (store, description) = single::redis(redis, settings).await?;
+            let store = instrumented(store, hot.kind(), "hot");
+            with_cold(store, &description, cold, settings).await
+        }
     }
-    #[cfg(feature = "redis")]
-    if let Some((hot, description)) = store_url::connect_redis(&t.hot, common).await? {
-        return with_cold(hot, description, common).await;
-    }
-    Err(bad(
-        "hot_store",
-        format!(
-            "{:?} cannot be a hot tier; use memory:// or a Redis URL (redis://HOST:PORT, redis+cluster://HOST:PORT,…)",
-            scheme(&t.hot)
-        ),
-    )
-    .into())
+}
+
+/// A tier counted, timed and traced apart from the other one: labelled
+/// with its kind and `tier="hot"` or `tier="cold"`, its tier operations
+/// (imports into the cold tier, say) included.
+fn instrumented<T: Tier>(tier: T, kind: &str, place: &str) -> Traced<Measured<T>> {
+    Traced::in_tier(Measured::in_tier(tier, kind, place), place)
 }
 
 async fn with_cold<H: Tier + Clone>(
     hot: H,
-    hot_description: String,
-    common: &StoreSettings,
-) -> Result<OpenStore, Failure> {
-    let t = &common.tiered;
-    if let Some(path) = t.cold.strip_prefix("file://") {
-        let cold = store_url::open_file(path, common)?;
-        return assemble(
-            hot,
-            cold.clone(),
-            &hot_description,
-            &format!("file store in {path}"),
-            Some(cold),
-            t,
-        )
-        .await;
+    hot_description: &str,
+    cold: &ColdTier,
+    settings: &StoreSettings,
+) -> Result<OpenTiered, Failure> {
+    let t = &settings.tiered;
+    match cold {
+        ColdTier::File { path } => {
+            let store = single::file(path, settings)?;
+            let description = single::file_description(path);
+            let measured = instrumented(store.clone(), cold.kind(), "cold");
+            assemble(hot, measured, hot_description, &description, Some(store), t).await
+        }
+        #[cfg(feature = "sql")]
+        ColdTier::Sql(sql) => {
+            let store = single::sql(sql, settings, |b| b).await?;
+            let description = store.description().to_owned();
+            let measured = instrumented(store, cold.kind(), "cold");
+            assemble(hot, measured, hot_description, &description, None, t).await
+        }
     }
-    #[cfg(feature = "sql")]
-    if store_url::is_sql(&t.cold) {
-        let cold = store_url::open_sql(&t.cold, common, |b| b).await?;
-        let description = cold.description().to_owned();
-        return assemble(hot, cold, &hot_description, &description, None, t).await;
-    }
-    Err(bad(
-        "cold_store",
-        format!(
-            "{:?} cannot be a cold tier; use file://PATH, postgres://USER@HOST:PORT/DB or mysql://USER@HOST:PORT/DB",
-            scheme(&t.cold)
-        ),
-    )
-    .into())
 }
 
 async fn assemble<H: Tier + Clone, C: Tier + Clone>(
@@ -80,7 +87,7 @@ async fn assemble<H: Tier + Clone, C: Tier + Clone>(
     cold_description: &str,
     file: Option<FileStore>,
     t: &TieredSettings,
-) -> Result<OpenStore, Failure> {
+) -> Result<OpenTiered, Failure> {
     let clock: SharedClock = Arc::new(SystemClock);
     // A hot tier every process shares (Redis) keeps the filter too, so that
     // no process calls new a key another one moved to the cold tier; a
@@ -134,7 +141,7 @@ async fn assemble<H: Tier + Clone, C: Tier + Clone>(
             tracing::error!(error = %e, "flushing the cold tier at shutdown failed");
         }
     };
-    Ok(OpenStore {
+    Ok(OpenTiered {
         description: format!(
             "tiered store: {hot_description} in front of {cold_description}, hot retention {} s, key filter {}, {}",
             t.hot_retention.as_secs(),
@@ -157,9 +164,7 @@ async fn assemble<H: Tier + Clone, C: Tier + Clone>(
             },
         ),
         store: Arc::new(store),
-        admin: None,
-        file: None,
-        shutdown: Some(shutdown.boxed()),
+        shutdown: shutdown.boxed(),
     })
 }
 
@@ -318,8 +323,4 @@ fn progress(done: u64, started: Instant, terminal: bool) {
     } else {
         tracing::info!("{line}");
     }
-}
-
-fn scheme(url: &str) -> &str {
-    url.split_once("://").map_or(url, |(s, _)| s)
 }
