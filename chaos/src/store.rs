@@ -29,6 +29,12 @@ pub enum StoreKind {
     Postgres,
     #[value(name = "mariadb")]
     MariaDb,
+    /// A tiered store every consumer shares: a `redis-server` of the run's
+    /// own with `appendfsync always` in front of a PostgreSQL table, with
+    /// short hot retention and handover grace so that records move to,
+    /// and are answered from, the cold tier within the run. Its restart
+    /// is the hot tier's; its cut is the cold tier's.
+    RedisOverPostgres,
 }
 
 impl StoreKind {
@@ -42,6 +48,7 @@ impl StoreKind {
             StoreKind::RedisCluster => "Redis Cluster, 3 masters with replicas",
             StoreKind::Postgres => "PostgreSQL",
             StoreKind::MariaDb => "MariaDB",
+            StoreKind::RedisOverPostgres => "tiered (Redis, appendfsync always, over PostgreSQL)",
         }
     }
 
@@ -120,6 +127,29 @@ impl Store {
                 let url = services::url("IDEM_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
                 arg(with_table(&url, run))
             }
+            StoreKind::RedisOverPostgres => {
+                let own = OwnRedis::start(dir.join("redis"), true).await?;
+                let hot = format!("redis://127.0.0.1:{}", own.port);
+                redis = Some(own);
+                let cold = services::url(
+                    "IDEM_TEST_POSTGRES_URL",
+                    "postgres://postgres@127.0.0.1:5432/test",
+                );
+                [
+                    "--store",
+                    "tiered",
+                    "--hot-store",
+                    &hot,
+                    "--cold-store",
+                    &with_table(&cold, run),
+                    "--hot-retention-ms",
+                    "2000",
+                    "--handover-grace-ms",
+                    "3000",
+                ]
+                .map(String::from)
+                .to_vec()
+            }
         };
         Ok(Self {
             kind,
@@ -178,16 +208,21 @@ impl Store {
         Ok(!redis.aof)
     }
 
-    /// Sends the consumers' store connections through a fault proxy.
+    /// Sends the consumers' store connections through a fault proxy (a
+    /// tiered store's: its cold tier's).
     pub async fn through_proxy(&mut self) -> Result<Toxic, String> {
+        let flag = match self.kind {
+            StoreKind::RedisOverPostgres => "--cold-store",
+            _ => "--store",
+        };
         let at = self
             .args
             .iter()
-            .position(|a| a == "--store")
+            .position(|a| a == flag)
             .ok_or("the store has no URL to send through a proxy")?;
         let url = &self.args[at + 1];
         let default = match self.kind {
-            StoreKind::Postgres => 5432,
+            StoreKind::Postgres | StoreKind::RedisOverPostgres => 5432,
             StoreKind::MariaDb => 3306,
             _ => 6379,
         };

@@ -98,7 +98,7 @@ async fn migrate_and_sweep_do_their_upkeep_and_say_so() {
         assert!(out.contains("applied schema version(s) 1"), "{out}");
         let (code, out, _) = run(&["migrate", "--store", &store], &[]);
         assert_eq!(code, 0);
-        assert!(out.contains("already at schema version 2"), "{out}");
+        assert!(out.contains("already at schema version 3"), "{out}");
         let (code, _, err) = run(
             &[
                 "migrate",

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use idem_core::tier::Tier;
 use idem_core::{
     Begin, BeginItem, Clock, CompleteItem, Key, Lease, MemoryStore, Namespace, SharedStore, Store,
     SystemClock,
@@ -443,6 +444,48 @@ async fn rows(w: &Workload, wanted: impl Fn(&str) -> bool) {
         }
     }
 
+    // Two stores in front of one Redis and one PostgreSQL table, used in
+    // turn: every completion moves to PostgreSQL behind the answer (hot
+    // retention 1 min, records 10 min), and the key filter both share lives
+    // in Redis.
+    for (name, many) in [
+        (
+            "idem tiered store (Redis over PostgreSQL, two stores)",
+            None,
+        ),
+        (
+            "idem tiered store (Redis over PostgreSQL, two stores), batched 256",
+            Some(Claims::Completed),
+        ),
+    ] {
+        if !wanted(name) {
+            continue;
+        }
+        let redis = env("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+        let postgres = env(
+            "IDEM_TEST_POSTGRES_URL",
+            "postgres://postgres@127.0.0.1:5432/test",
+        );
+        let table = format!("idem_sbs_tiered_{}", w.run.replace('-', "_"));
+        emit(match redis_over_postgres(&redis, &postgres, &table).await {
+            Ok(stores) => {
+                let store = InTurn {
+                    stores: Arc::new(stores),
+                    turn: Arc::default(),
+                };
+                let row = match many {
+                    Some(claims) => batched(name, store.clone(), w, claims).await,
+                    None => one_by_one(name, store.clone(), w).await,
+                };
+                for s in store.stores.iter() {
+                    s.flush().await;
+                }
+                row
+            }
+            Err(e) => Row::failed(name, e),
+        });
+    }
+
     let name = "idem PostgreSQL store";
     if wanted(name) {
         let url = env(
@@ -461,6 +504,72 @@ async fn rows(w: &Workload, wanted: impl Fn(&str) -> bool) {
             },
         );
     }
+}
+
+/// Two stores used in turn, call by call: a `begin` may go to one and its
+/// `complete` to the other, as when two processes share the work.
+#[derive(Clone)]
+struct InTurn<S> {
+    stores: Arc<[S; 2]>,
+    turn: Arc<AtomicUsize>,
+}
+
+impl<S: Store> idem_core::layer::StoreWrapper for InTurn<S> {
+    type Inner = S;
+    fn inner(&self) -> &S {
+        &self.stores[self.turn.fetch_add(1, Ordering::Relaxed) % 2]
+    }
+}
+
+/// Two stores on one Redis and one PostgreSQL table, each with its own
+/// connections, write-behind queue and handover sweep, as two processes
+/// hold them, sharing the key filter kept in Redis; answers once the
+/// filter is ready.
+async fn redis_over_postgres(
+    redis: &str,
+    postgres: &str,
+    table: &str,
+) -> Result<[TieredStore<RedisStore, SqlStore>; 2], String> {
+    let seed = FilterSeed::new(0x5eed_0002);
+    let mut stores = Vec::new();
+    for _ in 0..2 {
+        let hot = RedisStore::connect(redis)
+            .await
+            .map_err(|e| e.to_string())?;
+        let cold = SqlStore::builder(postgres)
+            .table(table)
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        let filter = FilterConfig::new(seed, 10_000_000, Duration::from_secs(24 * 3600));
+        let store = TieredStore::builder(hot, cold)
+            .hot_retention(Duration::from_secs(60))
+            .handover_list(table)
+            .shared_filter(filter)
+            .open()
+            .await
+            .map_err(|e| e.to_string())?;
+        stores.push(store);
+    }
+    let started = Instant::now();
+    loop {
+        let store = &stores[0];
+        let shared = store.shared_filter().ok_or("no shared filter")?;
+        if store
+            .hot()
+            .filter_ready(shared)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(120) {
+            return Err("the shared filter was not ready after 120 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let [a, b]: [_; 2] = stores.try_into().map_err(|_| "two stores")?;
+    Ok([a, b])
 }
 
 /// A tiered store for the rows above, and the directory its cold tier lives
