@@ -263,41 +263,35 @@ impl Inner {
             }
             let n = i64::try_from(limit - out.len()).unwrap_or(i64::MAX);
             let since = millis(since);
+            let table = self.tables.name(shard);
+            let sql = match &self.db {
+                Db::Postgres(_) => format!(
+                    "SELECT ns, k, completed_at FROM \"{table}\"
+                     WHERE state = {COMPLETED} AND completed_at >= $1
+                       AND (completed_at, ns, k) > ($2, $3, $4)
+                       AND expires_at > floor(extract(epoch FROM clock_timestamp()) * 1000)::int8
+                     ORDER BY completed_at, ns, k LIMIT $5"
+                ),
+                Db::MySql(_) => format!(
+                    "SELECT ns, k, completed_at FROM `{table}`
+                     WHERE state = {COMPLETED} AND completed_at >= ?
+                       AND (completed_at, ns, k) > (?, ?, ?)
+                       AND expires_at > {}
+                     ORDER BY completed_at, ns, k LIMIT ?",
+                    crate::mysql::NOW
+                ),
+            };
             let rows: Vec<(Vec<u8>, Vec<u8>, i64)> = retrying(|| {
-                let from = &from;
+                let (sql, from) = (sql.as_str(), &from);
                 async move {
-                    let table = self.tables.name(shard);
-                    match &self.db {
-                        Db::Postgres(side) => sqlx::query_as(AssertSqlSafe(format!(
-                            "SELECT ns, k, completed_at FROM \"{table}\"
-                             WHERE state = {COMPLETED} AND completed_at >= $1
-                               AND (completed_at, ns, k) > ($2, $3, $4)
-                               AND expires_at > floor(extract(epoch FROM clock_timestamp()) * 1000)::int8
-                             ORDER BY completed_at, ns, k LIMIT $5"
-                        )))
+                    on_either!(&self.db, side => sqlx::query_as(AssertSqlSafe(sql))
                         .bind(since)
                         .bind(from.0)
                         .bind(&from.1)
                         .bind(&from.2)
                         .bind(n)
                         .fetch_all(&side.pool)
-                        .await,
-                        Db::MySql(side) => sqlx::query_as(AssertSqlSafe(format!(
-                            "SELECT ns, k, completed_at FROM `{table}`
-                             WHERE state = {COMPLETED} AND completed_at >= ?
-                               AND (completed_at, ns, k) > (?, ?, ?)
-                               AND expires_at > {}
-                             ORDER BY completed_at, ns, k LIMIT ?",
-                            crate::mysql::NOW
-                        )))
-                        .bind(since)
-                        .bind(from.0)
-                        .bind(&from.1)
-                        .bind(&from.2)
-                        .bind(n)
-                        .fetch_all(&side.pool)
-                        .await,
-                    }
+                        .await)
                     .map_err(crate::error::store)
                 }
             })
