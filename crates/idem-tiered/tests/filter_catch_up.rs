@@ -4,6 +4,7 @@
 //! PostgreSQL the listing walks the completion index (checked with
 //! `EXPLAIN`).
 
+use std::future::Future;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -11,7 +12,7 @@ use idem_core::tier::{CompletedKey, ImportItem, Tier};
 use idem_core::{Clock, Completed, FencingToken, Key, SystemClock, Timestamp};
 use idem_sql::SqlStore;
 use idem_testkit::services;
-use idem_tiered::filter::{Fed, FilterConfig, FilterSeed, KeyFilter, Membership};
+use idem_tiered::filter::{Fed, FilterConfig, FilterSeed, KeyFilter, Membership, Readiness};
 use sqlx::AssertSqlSafe;
 
 const RECORDS: usize = 100_000;
@@ -186,4 +187,48 @@ async fn a_tier_that_cannot_list_by_time_feeds_every_key() {
     for i in 0..20 {
         assert_eq!(loaded.check(&key(&ns, i)), Membership::Maybe);
     }
+}
+
+/// A catch-up dropped mid-way leaves the filter answering "maybe", never
+/// trusted on a partial feed, and a later one makes it ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catch_up_dropped_mid_way_leaves_the_filter_not_ready_and_a_retry_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cold = idem_file::FileStore::open(dir.path().join("cold")).unwrap();
+    let now = SystemClock.now();
+    let filter = KeyFilter::new(&config(), now).unwrap();
+    filter
+        .rebuild(
+            std::iter::empty::<Result<Key, std::convert::Infallible>>(),
+            None,
+            |_, _| {},
+        )
+        .unwrap();
+    let path = dir.path().join("filter.snapshot");
+    filter.write_snapshot(&path, now).unwrap();
+    let later = now.after(Duration::from_millis(10));
+    import(&cold, (0..20_000).map(|i| key("late", i)), later).await;
+
+    let loaded = KeyFilter::load_snapshot(&path, &config(), later).unwrap();
+    for polls in [1, 3, 10] {
+        let mut feed = std::pin::pin!(loaded.rebuild_from_tier(&cold, |_, _| {}));
+        for _ in 0..polls {
+            tokio::task::yield_now().await;
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            if feed.as_mut().poll(&mut cx).is_ready() {
+                panic!("20 000 keys off the worker threads are not fed in {polls} polls");
+            }
+        }
+        // Dropped here, mid-way.
+    }
+    assert!(
+        matches!(loaded.readiness(), Readiness::NeedsRebuild { .. }),
+        "{:?}",
+        loaded.readiness()
+    );
+    assert_eq!(loaded.check(&key("never", 1)), Membership::Maybe);
+    let fed = loaded.rebuild_from_tier(&cold, |_, _| {}).await.unwrap();
+    assert_eq!(fed, Fed::CaughtUp { keys: 20_000 });
+    assert_eq!(loaded.readiness(), Readiness::Ready);
+    assert_eq!(loaded.check(&key("late", 19_999)), Membership::Maybe);
 }
