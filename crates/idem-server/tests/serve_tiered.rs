@@ -139,7 +139,11 @@ async fn a_filter_snapshot_is_caught_up_with_what_was_written_since() {
     let page = loop {
         let page = get(&idem.url("/metrics")).await;
         let page = String::from_utf8_lossy(&page.body).into_owned();
-        if metric(&page, "idem_filter_ready ") == Some(1.0) {
+        // The gauge turns to 1 just before the feed is counted: wait for
+        // both.
+        let fed = metric(&page, "idem_filter_fed_keys_total{how=\"catch_up\"} ")
+            .or(metric(&page, "idem_filter_fed_keys_total{how=\"rebuild\"} "));
+        if metric(&page, "idem_filter_ready ") == Some(1.0) && fed.is_some() {
             break page;
         }
         assert!(
