@@ -266,11 +266,58 @@ async fn success_after_a_takeover_reports_the_lost_lease() {
     let r = guard
         .run(&k, None, |_| async {
             clock.advance(Duration::from_secs(31));
+            // Another holder takes the expired claim over.
+            let taken = store.begin(&k, None, Lease::from_secs(30)).await.unwrap();
+            assert!(matches!(taken, idem_core::Begin::Acquired(_)));
             Ok::<_, String>(1)
         })
         .await;
     assert!(matches!(&r, Err(GuardError::LeaseLost { outcome }) if &outcome[..] == b"1"));
     assert_eq!(r.unwrap_err().disposition(), Disposition::Ack);
+    assert!(matches!(
+        store.get(&k).await.unwrap(),
+        Some(Record::InProgress(_))
+    ));
+}
+
+/// A lease that ran out while the handler worked, with no one taking the
+/// key over: the work was done, so the guard claims the key again and
+/// stores the outcome, rather than leave a record a later copy would run
+/// again (and tell the caller to ack a message whose outcome was never
+/// stored).
+#[tokio::test]
+async fn success_after_the_lease_ran_out_unclaimed_is_stored_under_a_new_claim() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let guard = Guard::new(store.clone()).lease(Lease::from_secs(30));
+    let k = key("late-alone");
+    let runs = AtomicU32::new(0);
+    let r = guard
+        .run(&k, None, |claim| {
+            let token = claim.token().map_or(0, |t| t.get());
+            let (runs, clock) = (&runs, &clock);
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                clock.advance(Duration::from_secs(31));
+                Ok::<_, String>(token)
+            }
+        })
+        .await;
+    let first = r.expect("the outcome is stored under a new claim");
+    let Some(Record::Completed(done)) = store.get(&k).await.unwrap() else {
+        panic!("the key is completed");
+    };
+    assert!(done.token.get() > first, "a new claim's token completed it");
+    assert_eq!(done.outcome.as_deref(), Some(first.to_string().as_bytes()));
+    // A copy delivered now is a duplicate: the handler does not run again.
+    let again = guard
+        .run(&k, None, |_| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(0)
+        })
+        .await
+        .unwrap();
+    assert_eq!((again, runs.load(Ordering::SeqCst)), (first, 1));
 }
 
 #[tokio::test]
@@ -494,10 +541,17 @@ async fn run_acquired_reckons_the_lease_from_its_begin() {
         );
         let begun = tokio::time::Instant::now() - Duration::from_secs(begun_ago);
         let seen = guard
-            .run_acquired(&idem_core::Json, &k, claim, begun, |claim| async move {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                Ok::<_, String>(claim.is_lost())
-            })
+            .run_acquired(
+                &idem_core::Json,
+                &k,
+                None,
+                claim,
+                begun,
+                |claim| async move {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    Ok::<_, String>(claim.is_lost())
+                },
+            )
             .await
             .unwrap();
         assert_eq!(seen, lost, "{k}");

@@ -305,6 +305,7 @@ where
         sent: Instant,
     ) -> Action {
         let token = claim.token;
+        let fingerprint = self.fingerprint_of(delivery);
         let started = Instant::now();
         // The handler's span: its namespace and attempt, and how it ended
         // (`ok`, `error` or `stopped`); never the key's or outcome's bytes.
@@ -316,7 +317,7 @@ where
         );
         let work = self
             .guard
-            .run_acquired(&Raw, key, claim, sent, |handle| {
+            .run_acquired(&Raw, key, fingerprint, claim, sent, |handle| {
                 self.caught(
                     self.handler
                         .handle(with_key(&delivery.message, key), handle),

@@ -25,8 +25,11 @@ pub enum GuardError<E> {
     /// any), so a redelivery runs it again.
     Handler(E),
     /// The handler succeeded, but its lease was lost before the outcome could
-    /// be stored: another holder has taken over the key. `outcome` is what
-    /// would have been stored (decode it with the codec to recover the value).
+    /// be stored, and another holder has taken over the key (or completed
+    /// it): that holder finishes. (A lease that ran out with no one taking
+    /// over is not this: the guard claims the key again and stores the
+    /// outcome.) `outcome` is what would have been stored (decode it with
+    /// the codec to recover the value).
     LeaseLost {
         /// The encoded outcome.
         outcome: Bytes,

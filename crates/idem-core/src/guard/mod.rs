@@ -16,7 +16,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use self::error::{Disposition, GuardError};
-use crate::{Begin, BoxError, Claim, Fenced, FencingToken, Fingerprint, Key, Lease, Store};
+use crate::{
+    Begin, BoxError, Claim, Fenced, FencingToken, Fingerprint, Key, Lease, Record, Store,
+    StoreError,
+};
 
 /// Runs handlers under a claim, so that however often a key is delivered its
 /// handler's effect happens once and every duplicate gets the first outcome.
@@ -257,8 +260,16 @@ impl<S: Store + Clone> Guard<S> {
             Begin::Mismatch => Err(GuardError::Mismatch),
             Begin::Acquired(claim) => {
                 let lease_end = sent + self.lease.duration();
-                self.hold(codec, key, claim, lease_end, handler, compensate)
-                    .await
+                self.hold(
+                    codec,
+                    key,
+                    fingerprint,
+                    claim,
+                    lease_end,
+                    handler,
+                    compensate,
+                )
+                .await
             }
         }
     }
@@ -268,7 +279,9 @@ impl<S: Store + Clone> Guard<S> {
     /// [`run_with`](Guard::run_with) runs it after its own `begin`: the
     /// watchdog renews the lease, `Ok` stores the outcome, `Err` or a panic
     /// releases the claim. `begun` is when the `begin` that acquired the
-    /// claim was sent: the lease is reckoned from then.
+    /// claim was sent: the lease is reckoned from then. `fingerprint` is
+    /// the one that `begin` was given (the guard needs it if the lease
+    /// runs out before the outcome lands: see [`GuardError::LeaseLost`]).
     ///
     /// # Cancel safety
     ///
@@ -280,6 +293,7 @@ impl<S: Store + Clone> Guard<S> {
         &self,
         codec: &K,
         key: &Key,
+        fingerprint: Option<Fingerprint>,
         claim: Claim,
         begun: Instant,
         handler: F,
@@ -290,14 +304,24 @@ impl<S: Store + Clone> Guard<S> {
         K: Codec<T>,
     {
         let lease_end = begun + self.lease.duration();
-        self.hold(codec, key, claim, lease_end, handler, |_| async {})
-            .await
+        self.hold(
+            codec,
+            key,
+            fingerprint,
+            claim,
+            lease_end,
+            handler,
+            |_| async {},
+        )
+        .await
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn hold<T, E, F, Fut, C, CFut, K>(
         &self,
         codec: &K,
         key: &Key,
+        fingerprint: Option<Fingerprint>,
         claim: Claim,
         lease_end: Instant,
         handler: F,
@@ -364,7 +388,9 @@ impl<S: Store + Clone> Guard<S> {
                     }
                     Ok(Fenced::Stale) => {
                         held.disarm();
-                        Err(GuardError::LeaseLost { outcome })
+                        self.store_late(key, claim.token, fingerprint, outcome)
+                            .await
+                            .map(|()| value)
                     }
                     // Refused outcome: release so the key is not stuck.
                     Err(e @ (GuardError::Invalid(_) | GuardError::Outcome(_))) => {
@@ -388,6 +414,75 @@ impl<S: Store + Clone> Guard<S> {
                 compensate(Failure::Panicked).await;
                 held.release().await;
                 std::panic::resume_unwind(panic)
+            }
+        }
+    }
+
+    /// Stores `outcome` after the `complete` of `token` was refused as
+    /// stale: the lease ran out before the outcome landed (renewals could
+    /// not reach the store in time). If no one has taken the key over
+    /// since, the guard takes it over itself with a `begin` (atomic: it
+    /// never holds the key beside another holder) and stores the outcome
+    /// under the new claim, so work that was done once is recorded as done
+    /// and a redelivery does not run it again. A key another holder has
+    /// taken over, or completed, is [`GuardError::LeaseLost`]: that holder
+    /// finishes it. A store that cannot answer is a transient error: the
+    /// message is delivered again later.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future after the new claim is taken releases it (on a
+    /// spawned task), as dropping [`run_with`](Guard::run_with) does.
+    async fn store_late<E>(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        fingerprint: Option<Fingerprint>,
+        outcome: Bytes,
+    ) -> Result<(), GuardError<E>> {
+        let unavailable = |e: StoreError| match e {
+            e if e.is_transient() => GuardError::Store(e),
+            e => GuardError::Store(StoreError::unavailable(e)),
+        };
+        match self.store.get(key).await.map_err(unavailable)? {
+            // Expired under this token (or gone with its lease): no one
+            // has it.
+            None => {}
+            Some(Record::InProgress(r)) if r.token == token => {}
+            Some(_) => return Err(GuardError::LeaseLost { outcome }),
+        }
+        let claim = match self
+            .store
+            .begin(key, fingerprint, self.lease)
+            .await
+            .map_err(unavailable)?
+        {
+            Begin::Acquired(claim) => claim,
+            _ => return Err(GuardError::LeaseLost { outcome }),
+        };
+        let mut held = ReleaseOnDrop {
+            store: self.store.clone(),
+            key: key.clone(),
+            token: Some(claim.token),
+        };
+        match self
+            .store
+            .complete(key, claim.token, Some(outcome.clone()), self.retention)
+            .await
+        {
+            Ok(Fenced::Ok(())) => {
+                held.disarm();
+                metrics::counter!("idem_guard_stored_late_total").increment(1);
+                tracing::warn!(%key, stale = %token, token = %claim.token, "the lease ran out before the outcome was stored; no one had taken the key over, so it was claimed again and the outcome stored");
+                Ok(())
+            }
+            Ok(Fenced::Stale) => {
+                held.disarm();
+                Err(GuardError::LeaseLost { outcome })
+            }
+            Err(e) => {
+                held.release().await;
+                Err(unavailable(e))
             }
         }
     }
