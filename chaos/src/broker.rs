@@ -167,6 +167,8 @@ pub struct Channel {
     /// The URL idem's own source reads the consumers' dead letters with.
     dead_letters: String,
     producer: Producer,
+    /// The queue, stream or topic's name.
+    name: String,
 }
 
 // One a run: the size of the largest variant costs nothing.
@@ -219,6 +221,7 @@ impl Channel {
                     from,
                     queues: Some((base, config.queues())),
                     producer: Producer::Amqp(publisher),
+                    name: name.to_owned(),
                 })
             }
             Broker::Nats => {
@@ -245,6 +248,7 @@ impl Channel {
                     from,
                     queues: None,
                     producer: Producer::Nats(publisher, format!("{subject}.new")),
+                    name: name.to_uppercase(),
                 })
             }
             Broker::RedisStreams => {
@@ -263,6 +267,7 @@ impl Channel {
                     from,
                     queues: None,
                     producer: Producer::RedisStreams(publisher),
+                    name: name.to_owned(),
                 })
             }
             Broker::Kafka => {
@@ -297,6 +302,7 @@ impl Channel {
                     from,
                     queues: None,
                     producer: Producer::Kafka(publisher, name.to_owned()),
+                    name: name.to_owned(),
                 })
             }
             Broker::Proxy | Broker::Serve => Err("the HTTP runs have no broker".into()),
@@ -319,9 +325,92 @@ impl Channel {
                     dead_letters: format!("{base}?topic={dead}&group={name}_reader"),
                     queues: None,
                     producer: Producer::RocketMq(publisher, name.to_owned()),
+                    name: name.to_owned(),
                 })
             }
         }
+    }
+
+    /// What the broker itself says is left at the end of a run, read with
+    /// its own tools rather than idem's (`rabbitmqctl`, `XINFO GROUPS`, the
+    /// JetStream API): every message delivered and acknowledged, nothing
+    /// waiting, nothing unacknowledged. Answers the problems, or `None`
+    /// where this broker's end state is not read.
+    pub async fn leftovers(&self, broker: Broker) -> Result<Option<Vec<String>>, String> {
+        let mut problems = Vec::new();
+        match broker {
+            Broker::Amqp => {
+                let Some((_, queues)) = &self.queues else {
+                    return Ok(None);
+                };
+                let listed = shell(
+                    "rabbitmqctl",
+                    &[
+                        "list_queues",
+                        "-q",
+                        "--no-table-headers",
+                        "name",
+                        "messages_ready",
+                        "messages_unacknowledged",
+                    ],
+                )
+                .await?;
+                for line in listed.lines() {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    let [queue, ready, unacked] = fields[..] else {
+                        continue;
+                    };
+                    if queues.iter().any(|q| q == queue) && (ready != "0" || unacked != "0") {
+                        problems.push(format!(
+                            "RabbitMQ queue {queue}: {ready} messages ready, {unacked} unacknowledged at the end"
+                        ));
+                    }
+                }
+            }
+            Broker::RedisStreams => {
+                let redis = services::url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
+                let info =
+                    shell("redis-cli", &["-u", &redis, "XINFO", "GROUPS", &self.name]).await?;
+                let lines: Vec<&str> = info.lines().map(str::trim).collect();
+                let field = |name: &str| {
+                    lines
+                        .iter()
+                        .position(|l| *l == name)
+                        .and_then(|i| lines.get(i + 1).copied())
+                        .unwrap_or("?")
+                };
+                let (pending, lag) = (field("pending"), field("lag"));
+                if pending != "0" || lag != "0" {
+                    problems.push(format!(
+                        "Redis stream {}: {pending} entries pending, lag {lag} at the end",
+                        self.name
+                    ));
+                }
+            }
+            Broker::Nats => {
+                let server = services::url("IDEM_TEST_NATS_URL", "nats://127.0.0.1:4222");
+                let client = async_nats::connect(&server)
+                    .await
+                    .map_err(|e| format!("NATS at {server}: {e}"))?;
+                let js = async_nats::jetstream::new(client);
+                let stream = js
+                    .get_stream(&self.name)
+                    .await
+                    .map_err(|e| format!("the stream {}: {e}", self.name))?;
+                let info = stream
+                    .consumer_info("idem")
+                    .await
+                    .map_err(|e| format!("the consumer idem of {}: {e}", self.name))?;
+                if info.num_pending != 0 || info.num_ack_pending != 0 {
+                    problems.push(format!(
+                        "NATS stream {}: {} messages pending, {} unacknowledged at the end",
+                        self.name, info.num_pending, info.num_ack_pending
+                    ));
+                }
+            }
+            Broker::Kafka | Broker::RocketMq | Broker::Proxy | Broker::Serve => return Ok(None),
+        }
+        Ok(Some(problems))
     }
 
     /// Publishes copy `copy` of the message with key `key` and waits for

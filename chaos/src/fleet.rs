@@ -12,8 +12,6 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::sink::signal;
-
 /// The consumer processes, shared with the sink (which kills and stops
 /// them). Each process started gets a number of its own, its incarnation,
 /// which is in its handler URL: a call says which process made it, even
@@ -194,6 +192,17 @@ impl Fleet {
             self.procs.forget(slot);
         }
         forced
+    }
+}
+
+/// Sends `sig` to `pid`.
+pub fn signal(pid: u32, sig: libc::c_int) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    // SAFETY: kill(2) has no memory effects; a pid that is gone gives ESRCH.
+    unsafe {
+        libc::kill(pid, sig);
     }
 }
 

@@ -24,16 +24,16 @@ use parking_lot::Mutex;
 use tokio::process::{Child, Command};
 
 use crate::fault::Fault;
-use crate::history::{self, Outcome};
-use crate::scenario::{Spec, at};
-use crate::sink::signal;
+use crate::fleet::signal;
+use crate::judge::{self, Facts, HttpEffect, HttpRecord, Outcome};
+use crate::spec::{Spec, at};
 use crate::store::{Store, free_port};
 
 /// What the upstream saw of one key.
 #[derive(Default)]
 struct Upstream {
     /// Effects, each with when it started and ended.
-    effects: HashMap<String, Vec<(Duration, Duration)>>,
+    effects: HashMap<String, Vec<HttpEffect>>,
     open: usize,
 }
 
@@ -58,7 +58,12 @@ async fn pay(State(s): State<Arc<Shared>>, headers: HeaderMap) -> (StatusCode, S
     let mut up = s.up.lock();
     up.open -= 1;
     let effects = up.effects.entry(key.clone()).or_default();
-    effects.push((began, s.start.elapsed()));
+    effects.push(HttpEffect {
+        begun: began,
+        applied: s.start.elapsed(),
+        token: None,
+        stored: None,
+    });
     (
         StatusCode::CREATED,
         format!(r#"{{"key":"{key}","effect":{}}}"#, effects.len()),
@@ -242,40 +247,45 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
 
     let up = std::mem::take(&mut *shared.up.lock());
     let answers = std::mem::take(&mut *answers.lock());
-    let mut o = history::gateway_outcome(spec, &keys, elapsed);
-    o.duplicates = sent.load(Ordering::Relaxed) - keys.len() as u64;
+    Ok(judge_http(
+        spec, keys, elapsed, sent, cuts, up.effects, answers, kills,
+    ))
+}
+
+/// Judges an HTTP run (the gateway's or the service's).
+#[allow(clippy::too_many_arguments)]
+pub fn judge_http(
+    spec: &Spec,
+    keys: Vec<String>,
+    elapsed: Duration,
+    sent: Arc<AtomicU64>,
+    cuts: Arc<AtomicU64>,
+    effects: HashMap<String, Vec<HttpEffect>>,
+    answers: HashMap<String, Vec<String>>,
+    kills: Vec<Duration>,
+) -> Outcome {
+    let facts = Facts {
+        names: spec.names(),
+        consumers: 1,
+        concurrency: 32,
+        keys,
+        poison: HashMap::new(),
+        copies: 0,
+        lease: spec.lease,
+        committed: None,
+        forced_stops: 0,
+        elapsed,
+    };
+    let mut o = Outcome::empty(facts.names.clone(), 1, facts.keys.len(), elapsed);
+    o.duplicates = sent.load(Ordering::Relaxed) - facts.keys.len() as u64;
     o.injected = cuts.load(Ordering::Relaxed) + kills.len() as u64;
-    for key in &keys {
-        let effects = up.effects.get(key).map_or(&[][..], Vec::as_slice);
-        o.calls += effects.len() as u64;
-        o.effects += effects.len() as u64;
-        let got = answers.get(key);
-        if got.is_none() {
-            o.lost += 1;
-            o.problem(format!("{key}: no answer within {:?}", spec.deadline));
-        }
-        for pair in effects.windows(2) {
-            o.doubled_plain += 1;
-            // A kill while the earlier effect was running explains it: the
-            // proxy died before it stored the outcome.
-            let (began, _) = pair[0];
-            if !kills.iter().any(|&k| k >= began && k <= pair[1].0) {
-                o.unexplained += 1;
-                o.problem(format!(
-                    "{key}: the upstream ran it again with no kill to explain it"
-                ));
-            }
-        }
-        if let Some(got) = got
-            && effects.len() == 1
-            && got.iter().any(|a| !a.contains(r#""effect":1"#))
-        {
-            o.problem(format!(
-                "{key}: a client got {got:?}, not the first outcome"
-            ));
-        }
-    }
-    Ok(o)
+    let record = HttpRecord {
+        effects,
+        answers,
+        kills,
+    };
+    judge::judge_http(&mut o, &facts, &record);
+    o
 }
 
 /// An HTTP/1.1 client for the proxy: one connection a request (hyper's

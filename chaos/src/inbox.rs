@@ -154,15 +154,19 @@ impl Tables {
         .map_err(|e| format!("the inbox table: {e}"))
     }
 
-    /// Committed effects per key.
-    pub async fn effects(&self) -> Result<HashMap<String, u64>, String> {
-        let sql = format!("SELECT k, COUNT(*) AS n FROM {} GROUP BY k", self.effects);
+    /// The tokens of the committed effect rows, per key.
+    pub async fn effects(&self) -> Result<HashMap<String, Vec<u64>>, String> {
+        let sql = format!("SELECT k, token FROM {}", self.effects);
         let rows: Vec<(String, i64)> = match &self.db {
             Db::Postgres(p) => sqlx::query_as(AssertSqlSafe(sql)).fetch_all(p).await,
             Db::MySql(p) => sqlx::query_as(AssertSqlSafe(sql)).fetch_all(p).await,
         }
         .map_err(|e| format!("reading the effects table: {e}"))?;
-        Ok(rows.into_iter().map(|(k, n)| (k, n as u64)).collect())
+        let mut committed: HashMap<String, Vec<u64>> = HashMap::new();
+        for (k, token) in rows {
+            committed.entry(k).or_default().push(token as u64);
+        }
+        Ok(committed)
     }
 
     /// Drops both tables and closes the pool.

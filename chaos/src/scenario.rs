@@ -1,179 +1,25 @@
 //! One run: a broker, a store, a fault; the consumers, the producer and the
 //! sink started, the faults injected, the history judged.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use clap::ValueEnum;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use crate::broker::{Broker, Channel};
 use crate::fault::{Fault, Plan, Poison};
 use crate::fleet::{Fleet, Procs};
-use crate::history::{self, Outcome, Run};
 use crate::inbox::Tables;
+use crate::judge::{self, Facts, Outcome};
+use crate::record::{Injected, Link, Lost};
 use crate::sink::{Event, Sink};
-use crate::store::{Store, StoreKind};
+use crate::spec::{CONCURRENCY, MAX_ATTEMPTS, RunnerKind, Spec, at};
+use crate::store::{Restarted, Store};
 use crate::toxic::Toxic;
-
-/// Which consumer processes a run starts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum RunnerKind {
-    /// `idem consume` with the sink as its HTTP handler.
-    Sidecar,
-    /// `idem-chaos worker`: the library's `Runner` with a Rust handler
-    /// (Redis Streams, RabbitMQ and NATS; the memory and Redis stores).
-    Library,
-    /// The first consumer the library's, the others `idem consume`, on one
-    /// store and one queue.
-    Mixed,
-    /// `idem-chaos worker` with the transactional sink: each effect a row
-    /// written by the transaction that records the key in idem-sql's
-    /// inbox, on the SQL store's database (PostgreSQL, MariaDB), with the
-    /// sink called inside it.
-    Inbox,
-}
-
-impl RunnerKind {
-    pub fn title(self) -> &'static str {
-        match self {
-            RunnerKind::Sidecar => "idem consume",
-            RunnerKind::Library => "library runner",
-            RunnerKind::Mixed => "library runner + idem consume",
-            RunnerKind::Inbox => "library runner, inbox",
-        }
-    }
-}
-
-/// What to run.
-#[derive(Clone, Debug)]
-pub struct Spec {
-    pub broker: Broker,
-    pub runner: RunnerKind,
-    pub store: StoreKind,
-    pub fault: Fault,
-    pub messages: usize,
-    /// Consumer processes (one for a store that belongs to one process).
-    pub consumers: usize,
-    pub lease: Duration,
-    /// How many times the fault is injected.
-    pub times: usize,
-    /// The run gives up waiting for its messages after this.
-    pub deadline: Duration,
-}
-
-impl Spec {
-    /// The command that runs this spec again.
-    pub fn command(&self) -> String {
-        let runner = match self.runner {
-            RunnerKind::Sidecar => String::new(),
-            other => format!(
-                " --runner {}",
-                other.to_possible_value().expect("named").get_name()
-            ),
-        };
-        format!(
-            "idem-chaos run --broker {}{runner} --store {} --fault {} --messages {} --consumers {} --lease-ms {} --times {}",
-            self.broker,
-            self.store,
-            self.fault,
-            self.messages,
-            self.consumers,
-            self.lease.as_millis(),
-            self.times
-        )
-    }
-
-    /// This spec with `runner`'s consumers.
-    pub fn by(self, runner: RunnerKind) -> Self {
-        Self { runner, ..self }
-    }
-
-    /// Why this spec cannot run, if it cannot.
-    pub fn unfit(&self) -> Option<&'static str> {
-        let http = matches!(self.broker, Broker::Proxy | Broker::Serve);
-        let http_fault = matches!(
-            self.fault,
-            Fault::ClientCuts | Fault::ProxyKill | Fault::ServeKill
-        );
-        if http != http_fault {
-            return Some(
-                "client-cuts, proxy-kill and serve-kill are the HTTP runs' faults \
-                 (--broker proxy or serve), and only they",
-            );
-        }
-        if (self.broker == Broker::Proxy && self.fault == Fault::ServeKill)
-            || (self.broker == Broker::Serve && self.fault == Fault::ProxyKill)
-        {
-            return Some("proxy-kill is the gateway's, serve-kill the service's");
-        }
-        if self.store == StoreKind::Memory
-            && matches!(self.fault, Fault::ProxyKill | Fault::ServeKill)
-        {
-            return Some("a killed server takes the memory store with it");
-        }
-        if http {
-            return (self.runner != RunnerKind::Sidecar)
-                .then_some("the HTTP runs have no consumers");
-        }
-        if self.runner != RunnerKind::Sidecar {
-            if !matches!(
-                self.broker,
-                Broker::RedisStreams | Broker::Amqp | Broker::Nats
-            ) {
-                return Some("the library worker reads Redis Streams, RabbitMQ and NATS");
-            }
-            let sql = matches!(self.store, StoreKind::Postgres | StoreKind::MariaDb);
-            if self.runner == RunnerKind::Inbox && !sql {
-                return Some("the inbox lives in the SQL store's database: PostgreSQL or MariaDB");
-            }
-            if !sql
-                && !matches!(
-                    self.store,
-                    StoreKind::Memory | StoreKind::Redis | StoreKind::RedisAof
-                )
-            {
-                return Some("the library worker runs on the memory, Redis and SQL stores");
-            }
-        }
-        if self.broker == Broker::Kafka && self.fault == Fault::Zombie {
-            return Some(
-                "tansu never gives a stopped member's partitions to another member: no one \
-                 can take the key over",
-            );
-        }
-        if matches!(self.fault, Fault::BrokerCut | Fault::BrokerSlow)
-            && let Some(why) = self.broker.unproxied()
-        {
-            return Some(why);
-        }
-        if matches!(self.fault, Fault::BrokerRestart)
-            && let Some(why) = self.broker.unrestartable()
-        {
-            return Some(why);
-        }
-        self.fault.unfit(self.store)
-    }
-}
-
-/// The step the current run is at, for the report when one hangs.
-static STAGE: std::sync::Mutex<&str> = std::sync::Mutex::new("starting");
-
-/// Records the step the run is at.
-pub fn at(stage: &'static str) {
-    *STAGE.lock().unwrap_or_else(|e| e.into_inner()) = stage;
-}
-
-/// The step the current run is at.
-pub fn stage() -> &'static str {
-    *STAGE.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Handler calls a message gets before it is dead-lettered.
-pub const MAX_ATTEMPTS: u32 = 10;
 
 /// How long the run waits with nothing happening before it calls the
 /// messages settled.
@@ -216,19 +62,31 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
 
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let procs = Procs::default();
-    let plan = Plan::new(spec.fault, spec.messages, spec.times);
+    let schedule = spec.schedule();
+    if spec.fault == Fault::Nemesis {
+        eprintln!("  nemesis {}: {schedule}", spec.seed);
+    }
+    let plan = Plan::new(spec.fault, &schedule);
     at("starting the sink");
     let sink = Sink::start(plan, spec.lease, procs.clone(), events_tx).await?;
     at("opening the broker's queue");
-    let mut channel = Channel::open(spec.broker, &name, spec.fault == Fault::BrokerRestart).await?;
+    let mut channel = Channel::open(spec.broker, &name, schedule.has(Fault::BrokerRestart)).await?;
     // The links a fault proxy stands in.
-    let store_link = match spec.fault {
-        Fault::StoreCut | Fault::StoreSlow => Some(store.through_proxy().await?),
-        _ => None,
+    let store_link = if [Fault::StoreCut, Fault::StoreSlow, Fault::StorePartition]
+        .iter()
+        .any(|&f| schedule.has(f))
+    {
+        Some(store.through_proxy().await?)
+    } else {
+        None
     };
-    let broker_link = match spec.fault {
-        Fault::BrokerCut | Fault::BrokerSlow => Some(channel.through_proxy(spec.broker).await?),
-        _ => None,
+    let broker_link = if [Fault::BrokerCut, Fault::BrokerSlow, Fault::BrokerPartition]
+        .iter()
+        .any(|&f| schedule.has(f))
+    {
+        Some(channel.through_proxy(spec.broker).await?)
+    } else {
+        None
     };
     let channel = Arc::new(channel);
 
@@ -252,11 +110,7 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     let produced = Arc::new(AtomicBool::new(false));
     // A stopped consumer holds up its key for a lease or two, and one stop
     // waits for the last: spread the messages over enough time for them all.
-    let spread = if spec.fault == Fault::Zombie {
-        (spec.lease * 2 + Duration::from_secs(2)) * spec.times as u32
-    } else {
-        Duration::ZERO
-    };
+    let spread = (spec.lease * 2 + Duration::from_secs(2)) * schedule.count(Fault::Zombie) as u32;
     let producer = tokio::spawn(produce(
         channel.clone(),
         keys.clone(),
@@ -266,15 +120,12 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
         produced.clone(),
     ));
 
-    let mut restarted = spec.fault != Fault::StoreRestart;
     // Timed faults go in as these many messages have had their effect.
-    let thresholds: Vec<usize> = if spec.fault.timed() {
-        (1..=spec.times)
-            .map(|k| keys.len() * k / (spec.times + 1))
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let thresholds: Vec<(usize, Fault)> = schedule
+        .timed
+        .iter()
+        .map(|&(per_mille, fault)| (keys.len() * per_mille / 1000, fault))
+        .collect();
     // Poison messages, and the calls each gets before it is dead-lettered.
     let poison: Vec<(String, usize)> = if spec.fault == Fault::Poison {
         keys.iter()
@@ -331,46 +182,19 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
                 l.last_fault,
                 poison
                     .iter()
-                    .all(|(key, wanted)| l.keys.get(key).map_or(0, Vec::len) >= *wanted),
+                    .all(|(key, wanted)| l.record.keys.get(key).map_or(0, Vec::len) >= *wanted),
             )
         });
-        if !restarted && applied * 10 >= keys.len() * 4 {
-            restarted = true;
-            at("restarting the store");
-            let from = sink.now();
-            match store.restart().await {
-                Ok(true) => sink.wiped(),
-                Ok(false) => sink.restarted(),
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            }
-            sink.disrupted(from, sink.now());
-            // Copies of messages completed before the restart: a store
-            // that kept its records answers them without a call; one that
-            // lost them runs them again.
-            let done: Vec<String> = sink.with(|l| {
-                l.keys
-                    .iter()
-                    .filter(|(_, calls)| calls.iter().any(|c| c.effect))
-                    .map(|(k, _)| k.clone())
-                    .take(20)
-                    .collect()
-            });
-            at("publishing copies of completed messages");
-            for key in done {
-                if channel.publish(&key, 4).await.is_ok() {
-                    duplicates.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            at("waiting for the messages");
-        }
-        if timed < thresholds.len() && applied >= thresholds[timed] {
+        if let Some(&(_, fault)) = thresholds.get(timed).filter(|(n, _)| applied >= *n) {
             timed += 1;
             at("injecting a fault");
             let links = (store_link.as_ref(), broker_link.as_ref());
-            if let Err(e) = inject(spec, &store, links, &sink).await {
+            let injected = if fault == Fault::StoreRestart {
+                restart(&mut store, spec.lease, &sink, &channel, &duplicates).await
+            } else {
+                inject(spec, fault, &store, links, &sink).await
+            };
+            if let Err(e) = injected {
                 failure = Some(e);
                 break;
             }
@@ -388,7 +212,6 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
             && quiet
             && recovered
             && produced.load(Ordering::Relaxed)
-            && restarted
             && timed == thresholds.len();
         if !settled {
             continue;
@@ -422,9 +245,25 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     }
     let elapsed = started.elapsed();
     producer.abort();
+    let settled = failure.is_none() && timed_out.is_none();
+    // The final copy of every key: a completed record answers each
+    // without a call, so any call now shows a record the store forgot,
+    // whatever the explanations say. (Not the poison keys: a dead-lettered
+    // key is released, as docs/contract.md says, and its copy runs again.)
+    let replayed = if settled {
+        at("publishing the final copy of every key");
+        let done: Vec<String> = keys
+            .iter()
+            .filter(|k| !poison.iter().any(|(p, _)| p == *k))
+            .cloned()
+            .collect();
+        Some(replay(&channel, &done, &sink).await)
+    } else {
+        None
+    };
     // Read before the consumers stop, so that a dead letter written after
     // its message's last call is waited for.
-    let dead = if spec.fault == Fault::Poison && failure.is_none() && timed_out.is_none() {
+    let dead = if settled {
         at("reading the dead letters");
         Some(
             channel
@@ -434,9 +273,17 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     } else {
         None
     };
+    // Before the consumers stop (a closing consumer hands its deliveries
+    // back): what the broker says is left.
+    let leftovers = if settled {
+        at("reading what the broker has left");
+        Some(channel.leftovers(spec.broker).await)
+    } else {
+        None
+    };
     at("stopping the consumers");
     let forced_stops = fleet.stop(Duration::from_secs(15)).await;
-    let ledger = sink.finish();
+    let record = sink.finish();
     let committed = match &inbox {
         Some(tables) => {
             at("reading the effects table");
@@ -457,29 +304,37 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     if let Some(e) = failure {
         return Err(keep(dir, &e));
     }
-    let run = Run {
-        broker: spec.broker,
-        store: spec.store,
-        fault: spec.fault,
-        runner: spec.runner,
+    let facts = Facts {
+        names: spec.names(),
         consumers,
+        concurrency: CONCURRENCY,
         keys,
-        duplicates: duplicates.load(Ordering::Relaxed),
+        poison: poison.into_iter().collect(),
+        copies: duplicates.load(Ordering::Relaxed),
         lease: spec.lease,
+        committed: match &committed {
+            Some(Ok(rows)) => Some(rows.clone()),
+            _ => None,
+        },
         forced_stops,
         elapsed,
-        command: spec.command(),
     };
-    let mut outcome = history::judge(&run, &ledger);
+    let mut outcome = judge::judge(&facts, &record);
     match dead {
-        Some(Ok(dead)) => {
-            history::judge_dead_letters(&mut outcome, &run.keys, &ledger, &dead, MAX_ATTEMPTS);
-        }
+        Some(Ok(dead)) => judge::judge_dead_letters(&mut outcome, &facts, &record, &dead),
         Some(Err(e)) => outcome.problem(e),
         None => {}
     }
+    if let Some(calls) = replayed {
+        judge::judge_replay(&mut outcome, &record, &calls, &[]);
+    }
+    match leftovers {
+        Some(Ok(Some(problems))) => problems.into_iter().for_each(|p| outcome.problem(p)),
+        Some(Err(e)) => outcome.problem(format!("reading what the broker has left: {e}")),
+        _ => {}
+    }
     match committed {
-        Some(Ok(rows)) => history::judge_inbox(&mut outcome, &run, &ledger, &rows),
+        Some(Ok(rows)) => judge::judge_inbox(&mut outcome, &facts, &record, &rows),
         Some(Err(e)) => outcome.problem(e),
         None => {}
     }
@@ -487,7 +342,7 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
         outcome.problems.push(format!(
             "did not settle within {:?}: {applied} of {} messages had their effect, {in_flight} calls still open",
             spec.deadline,
-            run.keys.len()
+            facts.keys.len()
         ));
     }
     if !outcome.passed() {
@@ -497,15 +352,114 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     Ok(outcome)
 }
 
+/// Publishes one more copy of every key and waits until the consumers
+/// have been quiet a while; answers the handler calls per key the copies
+/// caused.
+async fn replay(channel: &Channel, keys: &[String], sink: &Sink) -> HashMap<String, u64> {
+    let before: HashMap<String, usize> = sink.with(|l| {
+        l.record
+            .keys
+            .iter()
+            .map(|(k, calls)| (k.clone(), calls.len()))
+            .collect()
+    });
+    futures_util::stream::iter(keys)
+        .for_each_concurrent(16, |key| async move {
+            // Copy 5: the others are 0 to 4, and NATS drops a repeated id.
+            for _ in 0..50 {
+                if channel.publish(key, 5).await.is_ok() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+    let published = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (quiet, open) = sink.with(|l| {
+            let now = sink.now();
+            (
+                l.last_call
+                    .is_none_or(|t| now.saturating_sub(t) > QUIET * 2),
+                l.in_flight,
+            )
+        });
+        if (published.elapsed() > QUIET * 2 && quiet && open == 0)
+            || published.elapsed() > Duration::from_secs(60)
+        {
+            break;
+        }
+    }
+    sink.with(|l| {
+        l.record
+            .keys
+            .iter()
+            .filter_map(|(k, calls)| {
+                let new = calls.len() - before.get(k).copied().unwrap_or(0);
+                (new > 0).then(|| (k.clone(), new as u64))
+            })
+            .collect()
+    })
+}
+
+/// Crashes the store and starts it again, notes what it lost, and
+/// publishes copies of 20 messages completed before: a store that kept
+/// their records answers them without a call; one that lost them runs
+/// them again.
+async fn restart(
+    store: &mut Store,
+    lease: Duration,
+    sink: &Sink,
+    channel: &Channel,
+    duplicates: &AtomicU64,
+) -> Result<(), String> {
+    at("restarting the store");
+    let from = sink.now();
+    let touched = || sink.with(|l| l.record.keys.keys().cloned().collect());
+    let restarted = store.restart(&touched).await?;
+    // A crash recovery or a failover longer than a lease is an outage as a
+    // partition is: leases ran out under running handlers.
+    let outage = sink.now() - from > lease;
+    match restarted {
+        Restarted::Kept => sink.disrupted(Link::StoreRestart, from),
+        Restarted::LostAll => sink.lost(Lost::Everything),
+        Restarted::Lost(keys) => sink.lost(Lost::Keys(keys)),
+    }
+    if outage {
+        sink.note(Injected::SlowStore {
+            from,
+            to: sink.now(),
+        });
+    }
+    let done: Vec<String> = sink.with(|l| {
+        l.record
+            .keys
+            .iter()
+            .filter(|(_, calls)| calls.iter().any(|c| c.effect))
+            .map(|(k, _)| k.clone())
+            .take(20)
+            .collect()
+    });
+    at("publishing copies of completed messages");
+    for key in done {
+        if channel.publish(&key, 4).await.is_ok() {
+            duplicates.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    Ok(())
+}
+
 /// Injects one timed fault and notes its window in the sink.
 async fn inject(
     spec: &Spec,
+    fault: Fault,
     store: &Store,
     (store_link, broker_link): (Option<&Toxic>, Option<&Toxic>),
     sink: &Sink,
 ) -> Result<(), String> {
     let from = sink.now();
-    match spec.fault {
+    match fault {
         Fault::StoreCut => store_link.expect("the store is proxied").cut(),
         Fault::BrokerCut => broker_link.expect("the broker is proxied").cut(),
         Fault::StoreSlow => {
@@ -522,14 +476,33 @@ async fn inject(
             link.slow(Duration::ZERO);
             link.limit(0);
         }
+        Fault::StorePartition | Fault::BrokerPartition => {
+            let link = if fault == Fault::StorePartition {
+                store_link.expect("the store is proxied")
+            } else {
+                broker_link.expect("the broker is proxied")
+            };
+            link.partition();
+            tokio::time::sleep(spec.lease * 2).await;
+            link.heal();
+        }
+        Fault::StorePause => store.pause(spec.lease * 2).await?,
         Fault::DbCut => {
             store.end_sessions().await?;
         }
         Fault::BrokerRestart => spec.broker.restart().await?,
         _ => {}
     }
-    sink.disrupted(from, sink.now());
-    sink.with(|l| l.injected += 1);
+    match fault {
+        Fault::StoreSlow | Fault::StorePartition | Fault::StorePause => sink.slowed(from),
+        Fault::BrokerPartition => sink.disrupted(Link::BrokerPartition, from),
+        Fault::StoreCut => sink.disrupted(Link::StoreCut, from),
+        Fault::DbCut => sink.disrupted(Link::SessionsEnded, from),
+        Fault::BrokerCut => sink.disrupted(Link::BrokerCut, from),
+        Fault::BrokerSlow => sink.disrupted(Link::BrokerSlow, from),
+        Fault::BrokerRestart => sink.disrupted(Link::BrokerRestart, from),
+        other => return Err(format!("{other} is not a timed fault")),
+    }
     Ok(())
 }
 
@@ -614,6 +587,7 @@ fn commands(
 /// `idem consume` arguments for one consumer.
 fn consumer_args(spec: &Spec, from: &str, store: &[String]) -> Vec<String> {
     let max_attempts = MAX_ATTEMPTS.to_string();
+    let concurrency = CONCURRENCY.to_string();
     let mut args: Vec<String> = [
         "consume",
         "--from",
@@ -621,7 +595,7 @@ fn consumer_args(spec: &Spec, from: &str, store: &[String]) -> Vec<String> {
         "--key",
         "json:/key",
         "--concurrency",
-        "4",
+        &concurrency,
         "--max-attempts",
         &max_attempts,
         "--retry-initial-ms",

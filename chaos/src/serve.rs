@@ -21,24 +21,15 @@ use parking_lot::Mutex;
 
 use crate::fault::Fault;
 use crate::gateway::{Server, client::Client};
-use crate::history::{self, Outcome};
-use crate::scenario::{Spec, at};
+use crate::judge::{HttpEffect, Outcome};
+use crate::spec::{Spec, at};
 use crate::store::{Store, free_port};
 
-/// One effect: when its `begin` was sent, when it was applied, and with
-/// which token.
-#[derive(Clone, Copy)]
-struct Effect {
-    begun: Duration,
-    applied: Duration,
-    token: u64,
-}
-
 /// Effects per key, in the order applied.
-type Effects = HashMap<String, Vec<Effect>>;
+type Effects = HashMap<String, Vec<HttpEffect>>;
 
-/// How one key's client ended: the outcome it was answered.
-type Answers = HashMap<String, String>;
+/// The outcomes each key's client ended with.
+type Answers = HashMap<String, Vec<String>>;
 
 /// Runs the service scenario of `spec` (fault `client-cuts` or
 /// `serve-kill`) with the `idem` binary at `idem`.
@@ -96,7 +87,7 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
                         if let Some(outcome) =
                             one_key(&calls, &key, lease_ms, deadline, start, effects).await
                         {
-                            answers.lock().insert(key, outcome);
+                            answers.lock().entry(key).or_default().push(outcome);
                         }
                     }
                 })
@@ -123,56 +114,9 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
 
     let effects = std::mem::take(&mut *effects.lock());
     let answers = std::mem::take(&mut *answers.lock());
-    let mut o = history::gateway_outcome(spec, &keys, elapsed);
-    o.duplicates = sent.load(Ordering::Relaxed) - keys.len() as u64;
-    o.injected = cuts.load(Ordering::Relaxed) + kills.len() as u64;
-    for key in &keys {
-        let applied = effects.get(key).map_or(&[][..], Vec::as_slice);
-        o.calls += applied.len() as u64;
-        o.effects += applied.len() as u64;
-        if applied.is_empty() {
-            o.lost += 1;
-        }
-        for pair in applied.windows(2) {
-            o.doubled_plain += 1;
-            let (first, again) = (pair[0], pair[1]);
-            if again.token <= first.token {
-                o.token_order += 1;
-                o.problem(format!(
-                    "{key}: token {} after {}",
-                    again.token, first.token
-                ));
-            }
-            // A kill while the first claim was open explains it: the server
-            // died with the first holder's `complete` not stored (and the
-            // file store forgets open claims). The claim opens when the
-            // server takes the `begin`, which may be before the kill even
-            // when its answer arrives after.
-            if !kills
-                .iter()
-                .any(|&k| k >= first.begun && k <= again.applied)
-            {
-                o.unexplained += 1;
-                o.problem(format!(
-                    "{key}: the effect ran again (token {} after {}) with no kill to explain it",
-                    again.token, first.token
-                ));
-            }
-        }
-        match answers.get(key) {
-            None => o.problem(format!("{key}: no outcome within {:?}", spec.deadline)),
-            Some(got) if applied.len() == 1 => {
-                let first = format!(r#"{{"effect":1,"token":{}}}"#, applied[0].token);
-                if got.replace(' ', "") != first {
-                    o.problem(format!(
-                        "{key}: ended with {got}, not the first outcome {first}"
-                    ));
-                }
-            }
-            Some(_) => {}
-        }
-    }
-    Ok(o)
+    Ok(crate::gateway::judge_http(
+        spec, keys, elapsed, sent, cuts, effects, answers, kills,
+    ))
 }
 
 /// A client's request settings for one key.
@@ -233,15 +177,17 @@ async fn one_key(
             }
             Some("acquired") => {
                 let token = answer["token"].as_u64()?;
-                let outcome = {
+                let (outcome, n) = {
                     let mut effects = effects.lock();
                     let applied = effects.entry(key.to_owned()).or_default();
-                    applied.push(Effect {
+                    applied.push(HttpEffect {
                         begun,
                         applied: start.elapsed(),
-                        token,
+                        token: Some(token),
+                        stored: None,
                     });
-                    format!(r#"{{"effect":{},"token":{token}}}"#, applied.len())
+                    let n = applied.len();
+                    (format!(r#"{{"effect":{n},"token":{token}}}"#), n - 1)
                 };
                 // The same token's `complete` again until it lands or is
                 // stale (the lease ran out: begin again).
@@ -250,7 +196,16 @@ async fn one_key(
                         format!(r#"{{"key":"{key}","token":{token},"outcome":{outcome}}}"#);
                     let cut = calls.cut_first && std::mem::take(&mut first_complete);
                     match calls.post("/v1/chaos/complete", complete, cut).await {
-                        Some((200, _)) => return Some(outcome),
+                        Some((200, _)) => {
+                            if let Some(e) = effects
+                                .lock()
+                                .get_mut(key)
+                                .and_then(|applied| applied.get_mut(n))
+                            {
+                                e.stored.get_or_insert(start.elapsed());
+                            }
+                            return Some(outcome);
+                        }
                         Some((409, _)) => break,
                         _ => tokio::time::sleep(Duration::from_millis(100)).await,
                     }

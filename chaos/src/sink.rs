@@ -21,35 +21,8 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
 use crate::fault::{Action, Plan};
-use crate::fleet::Procs;
-
-/// One handler call as the sink saw it.
-#[derive(Clone, Debug)]
-pub struct Call {
-    pub slot: usize,
-    /// The consumer process (its incarnation: a restarted slot is a new
-    /// process).
-    pub process: u32,
-    pub token: u64,
-    pub attempt: u32,
-    /// Since the run started.
-    pub arrived: Duration,
-    pub ended: Option<Duration>,
-    pub end: End,
-    /// Whether the plain sink applied its effect.
-    pub effect: bool,
-    /// Whether the fenced sink applied it (`false` with `effect`: refused).
-    pub fenced: bool,
-}
-
-/// How a call ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum End {
-    InFlight,
-    Answered(u16),
-    /// Its consumer was killed while the call was open.
-    Killed,
-}
+use crate::fleet::{Procs, signal};
+use crate::record::{Call, End, Injected, Link, Lost, Record};
 
 /// Something the run must do for the sink: restart a killed consumer,
 /// publish another copy of a key.
@@ -59,43 +32,43 @@ pub enum Event {
     Duplicate(String),
 }
 
-/// Everything the sink saw.
+/// What the sink keeps: the run's record as it grows, and the state the
+/// run and the faults need.
 #[derive(Default)]
 pub struct Ledger {
-    pub keys: HashMap<String, Vec<Call>>,
-    pub calls: u64,
+    pub record: Record,
     pub in_flight: usize,
     pub last_call: Option<Duration>,
-    /// Consumer processes killed: which, when.
-    pub kills: Vec<(u32, Duration)>,
-    /// Consumer processes stopped: which, from, to.
-    pub stops: Vec<(u32, Duration, Option<Duration>)>,
     /// Keys with at least one plain effect.
     pub applied: usize,
-    /// When the store lost its records (a restart without persistence).
-    pub wipes: Vec<Duration>,
-    /// When a store or broker link was cut, slowed or restarted: from, to.
-    pub disruptions: Vec<(Duration, Duration)>,
-    /// Faults injected.
-    pub injected: u64,
-    /// When the last kill, stop or wipe happened.
+    /// When the last fault's effects ended.
     pub last_fault: Option<Duration>,
-    /// Calls with headers the sink could not read.
-    pub malformed: u64,
     plan: Plan,
     /// Highest token the fenced sink applied, per key.
     fence: HashMap<String, u64>,
+    /// Highest token that reached the fenced sink, per key: a holder
+    /// shows its token to the resource first, as a lock service's client
+    /// does, and a write below it is refused.
+    seen: HashMap<String, u64>,
+    /// Keys whose new holders' writes wait for a stopped holder's late
+    /// write, with the stopped process.
+    held: HashMap<String, u32>,
 }
 
 impl Ledger {
     /// Applies `key`'s write with `token` to both sinks; answers whether
     /// the fenced one took it.
     fn apply(&mut self, key: &str, call: usize, token: u64) -> bool {
-        let fenced = self.fence.get(key).is_none_or(|top| token > *top);
+        let fenced = self.fence.get(key).is_none_or(|top| token > *top)
+            && self.seen.get(key).is_none_or(|top| token >= *top);
         if fenced {
             self.fence.insert(key.to_owned(), token);
         }
-        let calls = self.keys.get_mut(key).expect("the call was recorded");
+        let calls = self
+            .record
+            .keys
+            .get_mut(key)
+            .expect("the call was recorded");
         if !calls.iter().any(|c| c.effect) {
             self.applied += 1;
         }
@@ -106,7 +79,11 @@ impl Ledger {
     }
 
     fn end(&mut self, key: &str, call: usize, end: End, at: Duration) {
-        let c = &mut self.keys.get_mut(key).expect("the call was recorded")[call];
+        let c = &mut self
+            .record
+            .keys
+            .get_mut(key)
+            .expect("the call was recorded")[call];
         if c.end == End::InFlight {
             c.end = end;
             c.ended = Some(at);
@@ -114,12 +91,17 @@ impl Ledger {
         }
     }
 
+    /// Notes a fault in the ledger, its effects lasting until `last`.
+    pub fn fault(&mut self, fault: Injected) {
+        self.last_fault = self.last_fault.max(Some(fault.last()));
+        self.record.faults.push(fault);
+    }
+
     /// Marks every open call of `process` killed.
     fn killed(&mut self, process: u32, at: Duration) {
-        self.kills.push((process, at));
-        self.last_fault = Some(at);
+        self.fault(Injected::Kill { process, at });
         let mut closed = 0;
-        for c in self.keys.values_mut().flatten() {
+        for c in self.record.keys.values_mut().flatten() {
             if c.process == process && c.end == End::InFlight {
                 c.end = End::Killed;
                 c.ended = Some(at);
@@ -154,17 +136,6 @@ impl Shared {
         if pid.is_some() {
             let _ = self.events.send(Event::Killed(slot));
         }
-    }
-}
-
-/// Sends `sig` to `pid`.
-pub fn signal(pid: u32, sig: libc::c_int) {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return;
-    };
-    // SAFETY: kill(2) has no memory effects; a pid that is gone gives ESRCH.
-    unsafe {
-        libc::kill(pid, sig);
     }
 }
 
@@ -225,38 +196,43 @@ impl Sink {
         f(&mut self.shared.ledger.lock())
     }
 
-    /// Notes that the store lost its records now.
-    pub fn wiped(&self) {
-        let now = self.now();
+    /// Notes that the store lost the records `lost` now.
+    pub fn lost(&self, lost: Lost) {
+        let at = self.now();
         self.with(|l| {
-            l.wipes.push(now);
-            l.last_fault = Some(now);
-            l.injected += 1;
+            l.fault(Injected::Loss { at, lost });
+            l.record.injected += 1;
         });
     }
 
-    /// Notes that a link to the store or the broker was disrupted from
-    /// `from` to `to`.
-    pub fn disrupted(&self, from: Duration, to: Duration) {
+    /// Notes that `link` was disrupted from `from` to now.
+    pub fn disrupted(&self, link: Link, from: Duration) {
+        let to = self.now();
         self.with(|l| {
-            l.disruptions.push((from, to));
-            l.last_fault = Some(to);
+            l.fault(Injected::Disrupted { link, from, to });
+            l.record.injected += 1;
         });
     }
 
-    /// Notes that the store restarted now, keeping its records.
-    pub fn restarted(&self) {
-        let now = self.now();
+    /// Notes `fault` in the ledger without counting it as a fault of its
+    /// own (a part of one counted already).
+    pub fn note(&self, fault: Injected) {
+        self.with(|l| l.fault(fault));
+    }
+
+    /// Notes that the store was slower than the lease from `from` to now.
+    pub fn slowed(&self, from: Duration) {
+        let to = self.now();
         self.with(|l| {
-            l.last_fault = Some(now);
-            l.injected += 1;
+            l.fault(Injected::SlowStore { from, to });
+            l.record.injected += 1;
         });
     }
 
-    /// Stops serving and hands over the ledger.
-    pub fn finish(self) -> Ledger {
+    /// Stops serving and hands over the record.
+    pub fn finish(self) -> Record {
         self.server.abort();
-        std::mem::take(&mut *self.shared.ledger.lock())
+        std::mem::take(&mut self.shared.ledger.lock().record)
     }
 }
 
@@ -276,17 +252,19 @@ async fn call(
         header::<u64>(&headers, "idem-fencing-token"),
         header::<u32>(&headers, "idem-attempt"),
     ) else {
-        s.ledger.lock().malformed += 1;
+        s.ledger.lock().record.malformed += 1;
         return StatusCode::BAD_REQUEST;
     };
     let now = s.now();
     let (index, action) = {
         let mut l = s.ledger.lock();
-        let index = l.calls;
-        l.calls += 1;
+        let index = l.record.calls;
+        l.record.calls += 1;
         l.in_flight += 1;
         l.last_call = Some(now);
-        let calls = l.keys.entry(key.clone()).or_default();
+        let seen = l.seen.entry(key.clone()).or_default();
+        *seen = token.max(*seen);
+        let calls = l.record.keys.entry(key.clone()).or_default();
         let first = calls.is_empty();
         let index_in_key = calls.len();
         calls.push(Call {
@@ -302,7 +280,7 @@ async fn call(
         });
         let action = l.plan.action(index, &key, attempt, first);
         if action.is_fault() {
-            l.injected += 1;
+            l.record.injected += 1;
         }
         (index_in_key, action)
     };
@@ -311,6 +289,14 @@ async fn call(
             if duplicate {
                 let _ = s.events.send(Event::Duplicate(key.clone()));
             }
+            unheld(&s, &key, process).await;
+            answer(&s, &key, index, token)
+        }
+        Action::Slow { per_mille } => {
+            // Another copy while the handler works: its consumer must find
+            // the key held, however long the work takes.
+            let _ = s.events.send(Event::Duplicate(key.clone()));
+            tokio::time::sleep(s.lease * per_mille / 1000).await;
             answer(&s, &key, index, token)
         }
         Action::Fail => {
@@ -362,9 +348,12 @@ fn answer(s: &Shared, key: &str, index: usize, token: u64) -> StatusCode {
 }
 
 /// Stops the caller (SIGSTOP) mid-call, has another copy of its message
-/// published, waits until another consumer has taken the key over and
-/// applied its effect (or four leases), then lets the stopped caller's
-/// write arrive late, resumes it, and answers.
+/// published, waits until another consumer has taken the key over, then
+/// lets the stopped caller's write arrive late, resumes it, and answers.
+/// Every other stop lets the late write land after the new holder's write
+/// (the new holder's token already applied); the others, after the new
+/// holder's call has shown its token but before its write, which waits.
+/// Either way the fenced sink must refuse the late write.
 async fn zombie(
     s: &Arc<Shared>,
     slot: usize,
@@ -378,29 +367,51 @@ async fn zombie(
         return answer(s, key, index, token);
     };
     signal(pid, libc::SIGSTOP);
-    let stopped_at = s.now();
-    let stop = {
+    let from = s.now();
+    let (fault, before_write) = {
         let mut l = s.ledger.lock();
-        l.stops.push((process, stopped_at, None));
-        l.stops.len() - 1
+        let before_write = l.record.stops().count() % 2 == 1;
+        if before_write {
+            l.held.insert(key.to_owned(), process);
+        }
+        l.fault(Injected::Stop {
+            process,
+            key: key.to_owned(),
+            from,
+            to: None,
+        });
+        (l.record.faults.len() - 1, before_write)
     };
     let _ = s.events.send(Event::Duplicate(key.to_owned()));
     let deadline = Instant::now() + s.lease * 4 + Duration::from_secs(30);
     while Instant::now() < deadline {
-        let taken_over = s.ledger.lock().keys[key]
+        let taken_over = s.ledger.lock().record.keys[key]
             .iter()
-            .any(|c| c.process != process && c.effect);
+            .any(|c| c.process != process && (before_write || c.effect));
         if taken_over {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let status = answer(s, key, index, token);
+    s.ledger.lock().held.remove(key);
     signal(pid, libc::SIGCONT);
     let now = s.now();
     let mut l = s.ledger.lock();
-    l.stops[stop].2 = Some(now);
-    l.last_fault = Some(now);
+    if let Injected::Stop { to, .. } = &mut l.record.faults[fault] {
+        *to = Some(now);
+    }
+    l.last_fault = l.last_fault.max(Some(now));
     l.plan.resumed();
     status
+}
+
+/// Waits while a stopped holder other than `process` holds `key`'s
+/// writes back (see [`zombie`]), four leases at most.
+async fn unheld(s: &Shared, key: &str, process: u32) {
+    let deadline = Instant::now() + s.lease * 4;
+    while Instant::now() < deadline && s.ledger.lock().held.get(key).is_some_and(|&p| p != process)
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

@@ -74,6 +74,17 @@ impl fmt::Display for StoreKind {
     }
 }
 
+/// What a store restart lost.
+pub enum Restarted {
+    /// Nothing: it keeps what it acknowledged.
+    Kept,
+    /// Every record: no persistence.
+    LostAll,
+    /// These keys' records (by the run's key): a failed-over Redis
+    /// Cluster master's that its replica had not received.
+    Lost(std::collections::HashSet<String>),
+}
+
 /// A store ready for the consumers.
 pub struct Store {
     pub kind: StoreKind,
@@ -168,10 +179,15 @@ impl Store {
             .map_or("", String::as_str)
     }
 
-    /// Kills the store's server and starts it again on the same port and
-    /// files, or restarts the system's SQL server; answers whether its
-    /// records were lost (no persistence).
-    pub async fn restart(&mut self) -> Result<bool, String> {
+    /// Crashes the store's server and starts it again: `kill -9` of the
+    /// run's own `redis-server` (same port and files) or of `mariadbd`,
+    /// PostgreSQL stopped in immediate mode (no checkpoint, crash recovery
+    /// at the start), a Redis Cluster master failed over; answers what it
+    /// lost. `touched` answers the keys handled so far.
+    pub async fn restart(
+        &mut self,
+        touched: &(dyn Fn() -> Vec<String> + Sync),
+    ) -> Result<Restarted, String> {
         match self.kind {
             StoreKind::Postgres => {
                 let version = std::fs::read_dir("/etc/postgresql")
@@ -180,32 +196,45 @@ impl Store {
                     .and_then(|e| e.ok())
                     .map(|e| e.file_name().to_string_lossy().into_owned())
                     .ok_or("no PostgreSQL cluster under /etc/postgresql to restart")?;
-                shell(
-                    "pg_ctlcluster",
-                    &["--skip-systemctl-redirect", &version, "main", "restart"],
-                )
-                .await?;
+                let ctl = |action: &'static str| {
+                    let version = version.clone();
+                    async move {
+                        let mut args = vec!["--skip-systemctl-redirect", &version, "main", action];
+                        if action == "stop" {
+                            args.extend(["-m", "immediate"]);
+                        }
+                        shell("pg_ctlcluster", &args).await
+                    }
+                };
+                ctl("stop").await?;
+                ctl("start").await?;
                 wait_port(5432).await?;
-                return Ok(false);
+                return Ok(Restarted::Kept);
             }
             StoreKind::MariaDb => {
-                shell(
-                    "mariadb-admin",
-                    &["-h", "127.0.0.1", "-u", "root", "shutdown"],
-                )
-                .await?;
+                shell("pkill", &["-9", "-x", "mariadbd"]).await?;
+                for _ in 0..100 {
+                    if shell("pgrep", &["-x", "mariadbd"]).await.is_err() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
                 start_daemon("/usr/sbin/mariadbd", &[]).await?;
                 wait_port(3306).await?;
-                return Ok(false);
+                return Ok(Restarted::Kept);
             }
-            StoreKind::RedisCluster => return fail_over(&mut self.cluster).await,
+            StoreKind::RedisCluster => return fail_over(&mut self.cluster, touched).await,
             _ => {}
         }
         let Some(redis) = &mut self.redis else {
             return Err(format!("the run cannot restart the {} store", self.kind));
         };
         redis.restart().await?;
-        Ok(!redis.aof)
+        Ok(if redis.aof {
+            Restarted::Kept
+        } else {
+            Restarted::LostAll
+        })
     }
 
     /// Sends the consumers' store connections through a fault proxy (a
@@ -229,6 +258,25 @@ impl Store {
         let (routed, toxic) = Toxic::before(url, default).await?;
         self.args[at + 1] = routed;
         Ok(toxic)
+    }
+
+    /// Stops the run's own `redis-server` (`SIGSTOP`; a tiered store's hot
+    /// tier) for `how_long`, then resumes it.
+    pub async fn pause(&self, how_long: Duration) -> Result<(), String> {
+        let pid = self
+            .redis
+            .as_ref()
+            .and_then(|r| r.child.id())
+            .ok_or_else(|| {
+                format!(
+                    "the {} store has no redis-server of the run's own",
+                    self.kind
+                )
+            })?;
+        crate::fleet::signal(pid, libc::SIGSTOP);
+        tokio::time::sleep(how_long).await;
+        crate::fleet::signal(pid, libc::SIGCONT);
+        Ok(())
     }
 
     /// Ends every session of the consumers on the SQL server, whatever
@@ -354,6 +402,9 @@ async fn start_cluster(dir: &Path) -> Result<Vec<OwnRedis>, String> {
         // A dead master's replica takes over within a few seconds.
         "--cluster-node-timeout",
         "2000",
+        // Replicas sync at once, not after waiting for more replicas.
+        "--repl-diskless-sync-delay",
+        "0",
     ]
     .map(String::from)
     .to_vec();
@@ -368,7 +419,35 @@ async fn start_cluster(dir: &Path) -> Result<Vec<OwnRedis>, String> {
     shell("redis-cli", &args).await?;
     let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
     cluster_ok(ports.iter().copied()).await?;
+    // A replica that has not synced yet cannot take over: a failover
+    // before then would lose the master's whole dataset.
+    for port in &ports {
+        replica_synced(*port).await?;
+    }
     Ok(nodes)
+}
+
+/// Waits up to 30 s until the node on `port`, if it is a replica, has its
+/// link to its master up and has loaded what the master sent.
+async fn replica_synced(port: u16) -> Result<(), String> {
+    for _ in 0..300 {
+        let info = shell(
+            "redis-cli",
+            &["-p", &port.to_string(), "info", "replication"],
+        )
+        .await
+        .unwrap_or_default();
+        if info.contains("role:master")
+            || (info.contains("master_link_status:up")
+                && info.contains("master_sync_in_progress:0"))
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!(
+        "the Redis Cluster replica on {port} did not sync with its master within 30 s"
+    ))
 }
 
 /// Waits up to 30 s until every node on `ports` says the cluster serves
@@ -391,29 +470,122 @@ async fn cluster_ok(ports: impl Iterator<Item = u16> + Clone) -> Result<(), Stri
 }
 
 /// Fails a master of the cluster over: `kill -9` of the first node that
-/// is a master now, waits until its replica serves its slots, then starts
-/// the killed node again (it comes back as a replica). Answers `true`:
-/// replication is asynchronous, so the last writes the master took may be
-/// lost with it.
-async fn fail_over(nodes: &mut [OwnRedis]) -> Result<bool, String> {
+/// is a master now, and waits until its replica serves its slots (the
+/// killed node stays down). Replication is
+/// asynchronous: what the master took that its replica had not received
+/// is lost with it. Once the replica serves, every master is asked for
+/// the record of each key `touched` answers then (every key handled so
+/// far, so every key begun before the kill): those no master holds are
+/// what was lost.
+async fn fail_over(
+    nodes: &mut [OwnRedis],
+    touched: &(dyn Fn() -> Vec<String> + Sync),
+) -> Result<Restarted, String> {
+    let role_of = |port: u16| async move {
+        shell("redis-cli", &["-p", &port.to_string(), "role"])
+            .await
+            .unwrap_or_default()
+    };
     let mut master = None;
     for (i, n) in nodes.iter().enumerate() {
-        let role = shell("redis-cli", &["-p", &n.port.to_string(), "role"])
-            .await
-            .unwrap_or_default();
-        if role.starts_with("master") {
+        if role_of(n.port).await.starts_with("master") {
             master = Some(i);
             break;
         }
     }
     let i = master.ok_or("no master in the run's Redis Cluster")?;
+    let info = shell(
+        "redis-cli",
+        &["-p", &nodes[i].port.to_string(), "info", "replication"],
+    )
+    .await?;
+    let replica: u16 = info
+        .lines()
+        .find(|l| l.starts_with("slave0:"))
+        .and_then(|l| {
+            l.split(',')
+                .find_map(|f| f.strip_prefix("port=")?.trim().parse().ok())
+        })
+        .ok_or("the master to fail over has no replica")?;
+    // The namespace of the run's records, from any one of them.
+    let mut namespace = None;
+    for n in nodes.iter() {
+        let one = shell(
+            "redis-cli",
+            &[
+                "-p",
+                &n.port.to_string(),
+                "--scan",
+                "--pattern",
+                "idem:{*}:r",
+            ],
+        )
+        .await
+        .unwrap_or_default();
+        namespace = one.lines().find_map(|k| {
+            let inner = k.strip_prefix("idem:{")?;
+            Some(inner.split_once(':')?.0.to_owned())
+        });
+        if namespace.is_some() {
+            break;
+        }
+    }
     nodes[i].kill().await;
     let killed = nodes[i].port;
     let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    // The cluster notices the death only after its node timeout: wait
+    // until the replica has taken the slots over, or a restart within the
+    // timeout would bring the dead master back empty, as master.
+    wait_role(replica, "master").await?;
     cluster_ok(ports.iter().copied().filter(|p| *p != killed)).await?;
-    nodes[i].restart().await?;
-    cluster_ok(ports.iter().copied()).await?;
-    Ok(true)
+    let mut lost = std::collections::HashSet::new();
+    let touched = touched();
+    if let Some(ns) = namespace {
+        let asks: String = touched
+            .iter()
+            .map(|k| format!("EXISTS idem:{{{ns}:{k}}}:r\n"))
+            .collect();
+        let mut held = vec![false; touched.len()];
+        for &port in ports.iter().filter(|p| **p != killed) {
+            if !role_of(port).await.starts_with("master") {
+                continue;
+            }
+            // A master answers 1 or 0 for its own slots, MOVED for others'.
+            let answers = shell_with_input("redis-cli", &["-p", &port.to_string()], &asks).await?;
+            // (redis-cli follows each error it prints with an empty line.)
+            let answers = answers.lines().filter(|l| !l.trim().is_empty());
+            for (h, answer) in held.iter_mut().zip(answers) {
+                *h |= answer.trim() == "1";
+            }
+        }
+        lost.extend(
+            touched
+                .iter()
+                .zip(&held)
+                .filter(|(_, h)| !**h)
+                .map(|(k, _)| k.clone()),
+        );
+    }
+    // The killed node stays down: without persistence, a node that comes
+    // back with its old cluster configuration can serve its old slots,
+    // empty, until it learns of the failover.
+    Ok(Restarted::Lost(lost))
+}
+
+/// Waits up to 30 s until the node on `port` says its role is `role`.
+async fn wait_role(port: u16, role: &str) -> Result<(), String> {
+    for _ in 0..300 {
+        let now = shell("redis-cli", &["-p", &port.to_string(), "role"])
+            .await
+            .unwrap_or_default();
+        if now.starts_with(role) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!(
+        "the Redis Cluster node on {port} did not become a {role} within 30 s"
+    ))
 }
 
 /// A loopback port nothing listens on now.
@@ -484,15 +656,31 @@ async fn ping(port: u16) -> bool {
 /// Runs `program` with `args` (at most a minute); answers its standard
 /// output, or what went wrong.
 pub async fn shell(program: &str, args: &[&str]) -> Result<String, String> {
-    let run = Command::new(program)
+    shell_with_input(program, args, "").await
+}
+
+/// Runs `program` with `input` on its standard input; answers what it
+/// printed.
+pub async fn shell_with_input(program: &str, args: &[&str], input: &str) -> Result<String, String> {
+    use tokio::io::AsyncWriteExt;
+    let mut child = Command::new(program)
         .args(args)
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(60), run)
+        .spawn()
+        .map_err(|e| format!("{program} does not run: {e}"))?;
+    let mut stdin = child.stdin.take().expect("piped");
+    let input = input.to_owned();
+    let writer = tokio::spawn(async move {
+        let _ = stdin.write_all(input.as_bytes()).await;
+    });
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
         .await
         .map_err(|_| format!("{program} did not finish within a minute"))?
-        .map_err(|e| format!("{program} does not run: {e}"))?;
+        .map_err(|e| format!("{program}: {e}"))?;
+    let _ = writer.await;
     if !out.status.success() {
         return Err(format!(
             "{program} {}: {}",

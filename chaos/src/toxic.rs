@@ -1,11 +1,12 @@
 //! A TCP fault proxy on loopback. The consumers reach a store or a broker
 //! through it, and the run can slow what passes (latency per chunk, a
-//! bandwidth limit) or cut every connection open through it. New
-//! connections are let through at once: a cut is a network blip, not an
-//! outage.
+//! bandwidth limit), cut every connection open through it (new ones are
+//! let through at once: a blip), or make what is behind it unreachable for
+//! a while (every connection cut and new ones closed as they come: a
+//! partition).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -21,6 +22,8 @@ struct Faults {
     rate: AtomicU64,
     /// Bumped by a cut: connections opened before it close.
     cuts: watch::Sender<u64>,
+    /// Partitioned: new connections are closed at once.
+    down: AtomicBool,
 }
 
 /// A proxy from a loopback port of its own to `upstream`.
@@ -41,10 +44,15 @@ impl Toxic {
             latency_ms: AtomicU64::new(0),
             rate: AtomicU64::new(0),
             cuts: watch::channel(0).0,
+            down: AtomicBool::new(false),
         });
         let shared = faults.clone();
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                if shared.down.load(Ordering::Relaxed) {
+                    drop(client);
+                    continue;
+                }
                 let faults = shared.clone();
                 let host = host.clone();
                 tokio::spawn(async move {
@@ -92,6 +100,18 @@ impl Toxic {
     /// Closes every connection open through the proxy.
     pub fn cut(&self) {
         self.faults.cuts.send_modify(|n| *n += 1);
+    }
+
+    /// Makes what is behind the proxy unreachable (every open connection
+    /// cut, new ones closed as they come) until [`heal`](Toxic::heal).
+    pub fn partition(&self) {
+        self.faults.down.store(true, Ordering::Relaxed);
+        self.cut();
+    }
+
+    /// Ends a partition.
+    pub fn heal(&self) {
+        self.faults.down.store(false, Ordering::Relaxed);
     }
 }
 
@@ -174,10 +194,10 @@ mod tests {
         assert_eq!((host.as_str(), port), ("localhost", 6379));
     }
 
-    #[tokio::test]
-    async fn a_cut_closes_open_connections_and_lets_new_ones_through() {
+    /// An echo server on a free loopback port; answers the port.
+    async fn echo() -> u16 {
         let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let up_port = upstream.local_addr().unwrap().port();
+        let port = upstream.local_addr().unwrap().port();
         tokio::spawn(async move {
             while let Ok((mut s, _)) = upstream.accept().await {
                 tokio::spawn(async move {
@@ -190,6 +210,12 @@ mod tests {
                 });
             }
         });
+        port
+    }
+
+    #[tokio::test]
+    async fn a_cut_closes_open_connections_and_lets_new_ones_through() {
+        let up_port = echo().await;
         let toxic = Toxic::start("127.0.0.1".into(), up_port).await.unwrap();
         let mut a = TcpStream::connect(("127.0.0.1", toxic.port)).await.unwrap();
         a.write_all(b"ping").await.unwrap();
@@ -216,6 +242,33 @@ mod tests {
         let mut b = TcpStream::connect(("127.0.0.1", toxic.port)).await.unwrap();
         b.write_all(b"back").await.unwrap();
         b.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"back");
+    }
+
+    #[tokio::test]
+    async fn a_partition_closes_every_connection_until_it_heals() {
+        let up_port = echo().await;
+        let toxic = Toxic::start("127.0.0.1".into(), up_port).await.unwrap();
+        let mut a = TcpStream::connect(("127.0.0.1", toxic.port)).await.unwrap();
+        let mut buf = [0u8; 4];
+        toxic.partition();
+        let n = tokio::time::timeout(Duration::from_secs(5), a.read(&mut buf))
+            .await
+            .expect("the open connection closes")
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+        // A new connection is closed at once, with nothing through.
+        let mut b = TcpStream::connect(("127.0.0.1", toxic.port)).await.unwrap();
+        let _ = b.write_all(b"lost").await;
+        let n = tokio::time::timeout(Duration::from_secs(5), b.read(&mut buf))
+            .await
+            .expect("the new connection closes")
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+        toxic.heal();
+        let mut c = TcpStream::connect(("127.0.0.1", toxic.port)).await.unwrap();
+        c.write_all(b"back").await.unwrap();
+        c.read_exact(&mut buf).await.unwrap();
         assert_eq!(&buf, b"back");
     }
 }

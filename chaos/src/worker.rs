@@ -129,8 +129,8 @@ async fn consume<S: Store + Clone, Src: Source>(
     // The sidecar's settings in the runs (scenario::consumer_args).
     let runner = Runner::new(guard, source, handler)
         .key(KeyFrom::Json("/key".into()))
-        .concurrency(4)
-        .max_attempts(crate::scenario::MAX_ATTEMPTS)
+        .concurrency(crate::spec::CONCURRENCY)
+        .max_attempts(crate::spec::MAX_ATTEMPTS)
         .backoff(Backoff {
             initial: Duration::from_millis(200),
             max: Duration::from_millis(1000),

@@ -141,8 +141,10 @@ async fn a_filter_snapshot_is_caught_up_with_what_was_written_since() {
         let page = String::from_utf8_lossy(&page.body).into_owned();
         // The gauge turns to 1 just before the feed is counted: wait for
         // both.
-        let fed = metric(&page, "idem_filter_fed_keys_total{how=\"catch_up\"} ")
-            .or(metric(&page, "idem_filter_fed_keys_total{how=\"rebuild\"} "));
+        let fed = metric(&page, "idem_filter_fed_keys_total{how=\"catch_up\"} ").or(metric(
+            &page,
+            "idem_filter_fed_keys_total{how=\"rebuild\"} ",
+        ));
         if metric(&page, "idem_filter_ready ") == Some(1.0) && fed.is_some() {
             break page;
         }
