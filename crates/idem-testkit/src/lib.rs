@@ -24,6 +24,7 @@ pub mod model;
 #[cfg(feature = "fuse")]
 pub mod power_loss;
 pub mod services;
+pub mod small_disk;
 pub mod tiers;
 pub mod tls_redis;
 

@@ -15,6 +15,7 @@ use idem_core::{Key, Namespace, StoreError, Timestamp};
 
 use crate::codec::decode_completed;
 use crate::commit::Job;
+use crate::failure::WriteFailed;
 use crate::{FileStore, Inner, corrupt, off_workers, read_failed};
 
 /// Records one purge batch deletes.
@@ -89,8 +90,8 @@ impl Admin for FileStore {
                 let inner2 = inner.clone();
                 let went = off_workers(&inner, move |_| answer.recv())
                     .await?
-                    .map_err(|_| inner2.engine_failed("the committer thread has stopped"))?
-                    .map_err(StoreError::unavailable)?;
+                    .map_err(|_| inner2.engine_failed(WriteFailed::committer_stopped()))?
+                    .map_err(|e| inner2.engine_failed(e))?;
                 removed += went as u64;
                 progress(removed);
                 after = Some(last);

@@ -15,9 +15,11 @@ use idem_core::{Fingerprint, Key, Timestamp};
 use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
+use crate::failure::WriteFailed;
+
 /// What waits for a completion in flight: a retried `complete` by the same
 /// token, answered when the committer has written (or failed to write) it.
-pub type Waiter = oneshot::Sender<Result<(), String>>;
+pub type Waiter = oneshot::Sender<Result<(), WriteFailed>>;
 
 pub struct Claim {
     pub token: u64,
@@ -75,7 +77,7 @@ impl Claims {
     /// After the committer wrote (or failed to write) the record `token`
     /// completes: drops the claim, or makes it ownable again (the store has
     /// failed by then anyway), and answers whoever waits for it.
-    pub fn finish_completing(&self, key: &[u8], token: u64, written: &Result<(), String>) {
+    pub fn finish_completing(&self, key: &[u8], token: u64, written: &Result<(), WriteFailed>) {
         let mut shard = self.lock(key);
         let Some(c) = shard.claims.get_mut(key) else {
             return;
@@ -105,14 +107,14 @@ impl Claims {
 pub struct Finishing<'a> {
     claims: &'a Claims,
     owned: Vec<(Slice, u64)>,
-    answer: Option<oneshot::Receiver<Result<(), String>>>,
+    answer: Option<oneshot::Receiver<Result<(), WriteFailed>>>,
 }
 
 impl<'a> Finishing<'a> {
     pub fn new(
         claims: &'a Claims,
         owned: Vec<(Slice, u64)>,
-        answer: oneshot::Receiver<Result<(), String>>,
+        answer: oneshot::Receiver<Result<(), WriteFailed>>,
     ) -> Self {
         Self {
             claims,
@@ -123,7 +125,7 @@ impl<'a> Finishing<'a> {
 
     /// The committer's answer, once the claims are finished; `None` if the
     /// committer stopped without answering.
-    pub async fn wait(mut self) -> Option<Result<(), String>> {
+    pub async fn wait(mut self) -> Option<Result<(), WriteFailed>> {
         let answer = self.answer.as_mut().expect("waited once").await;
         self.answer = None;
         let result = answer.ok()?;
@@ -131,7 +133,7 @@ impl<'a> Finishing<'a> {
         Some(result)
     }
 
-    fn finish(&self, result: &Result<(), String>) {
+    fn finish(&self, result: &Result<(), WriteFailed>) {
         for (key, token) in &self.owned {
             self.claims.finish_completing(key, *token, result);
         }

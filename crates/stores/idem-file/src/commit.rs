@@ -21,6 +21,7 @@ use crate::claims::Claims;
 use crate::codec::{
     completed_key, decode_completed, encode_completed, expiry_key, split_expiry_key,
 };
+use crate::failure::WriteFailed;
 use crate::tokens::HIGH_WATER;
 
 /// How an acknowledged `complete` is made durable.
@@ -75,7 +76,7 @@ pub enum Job {
         /// A token the high-water mark must reach, written in the same
         /// batch as `puts` (imported records, a raised floor).
         high_water: Option<u64>,
-        done: oneshot::Sender<Result<(), String>>,
+        done: oneshot::Sender<Result<(), WriteFailed>>,
     },
     /// Delete the records these expiry index entries name, where the record
     /// still carries the indexed expiry, and the entries themselves. Done by
@@ -83,7 +84,7 @@ pub enum Job {
     /// sweeper read the index is never deleted by an old entry.
     Sweep {
         due: Vec<Slice>,
-        done: std::sync::mpsc::SyncSender<Result<usize, String>>,
+        done: std::sync::mpsc::SyncSender<Result<usize, WriteFailed>>,
     },
     /// Delete these records (encoded keys) and their expiry index entries:
     /// every one, or with `expired_by` only those whose retention ended by
@@ -91,12 +92,12 @@ pub enum Job {
     Purge {
         keys: Vec<Slice>,
         expired_by: Option<Timestamp>,
-        done: std::sync::mpsc::SyncSender<Result<usize, String>>,
+        done: std::sync::mpsc::SyncSender<Result<usize, WriteFailed>>,
     },
 }
 
 /// One caller's puts and where its answer goes.
-type Written = (Vec<Put>, oneshot::Sender<Result<(), String>>);
+type Written = (Vec<Put>, oneshot::Sender<Result<(), WriteFailed>>);
 
 const MAX_GROUP_PUTS: usize = 16 * 1024;
 
@@ -132,7 +133,7 @@ pub fn spawn(mut engine: Engine) -> std::io::Result<(mpsc::Sender<Job>, JoinHand
                         done,
                     } => (puts, high_water, done),
                     Job::Sweep { due, done } => {
-                        let _ = done.send(engine.sweep(&due).map_err(|e| e.to_string()));
+                        let _ = done.send(engine.sweep(&due).map_err(WriteFailed::from));
                         continue;
                     }
                     Job::Purge {
@@ -141,7 +142,7 @@ pub fn spawn(mut engine: Engine) -> std::io::Result<(mpsc::Sender<Job>, JoinHand
                         done,
                     } => {
                         let removed = engine.purge(&keys, expired_by);
-                        let _ = done.send(removed.map_err(|e| e.to_string()));
+                        let _ = done.send(removed.map_err(WriteFailed::from));
                         continue;
                     }
                 };
@@ -173,7 +174,7 @@ pub fn spawn(mut engine: Engine) -> std::io::Result<(mpsc::Sender<Job>, JoinHand
 
 impl Engine {
     fn write_group(&mut self, group: Vec<Written>, high_water: Option<u64>) {
-        let result = self.write(&group, high_water).map_err(|e| e.to_string());
+        let result = self.write(&group, high_water).map_err(WriteFailed::from);
         for (puts, done) in group {
             // The caller finishes its claims when it hears back; one that
             // stopped waiting cannot, so the committer does.

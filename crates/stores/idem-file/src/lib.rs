@@ -29,6 +29,20 @@
 //!   their holders' tokens are stale, and the next delivery acquires again.
 //!   Only what must survive a crash waits for the disk, which is why a
 //!   `begin` costs no fsync.
+//!
+//! # A full disk
+//!
+//! The first write the disk refuses (a completion, the token ceiling a
+//! claim raises once per 2^20 tokens, or a table the engine writes in the
+//! background) stops the store: that operation and every later one, reads
+//! too, answer [`StoreError::Unavailable`] saying the disk is full, and no
+//! `complete` answers `Ok` unless its record was written. Every completion
+//! acknowledged before is kept. The store does not resume by itself: free
+//! space, then open it again (it also opens on a disk still full, and stops
+//! again at the next write the disk refuses). A completion refused this way
+//! may turn out written after all (the engine writes what it held as it
+//! closes): its holder's retry then answers `Ok`. `tests/disk_full.rs`
+//! shows each case.
 #![deny(missing_docs)]
 
 mod admin;
@@ -36,6 +50,7 @@ mod claims;
 mod codec;
 mod commit;
 mod dir;
+mod failure;
 mod records;
 mod tier;
 mod tokens;
@@ -68,6 +83,7 @@ pub mod on_disk {
     pub use crate::codec::{decode_completed, encode_completed, expires_at_of, split_expiry_key};
 }
 use self::commit::{Job, Put};
+use self::failure::{WriteFailed, is_disk_full};
 use self::records::Records;
 use parking_lot::MutexGuard;
 
@@ -92,6 +108,17 @@ pub enum OpenError {
         path: PathBuf,
         /// What failed.
         source: fjall::Error,
+    },
+    /// The disk holding the directory has no room left (or the quota on it
+    /// is used up): the store cannot make the writes opening takes.
+    #[error(
+        "cannot open the store at {path}: its disk is full ({source}); free space on that disk, then open the store again"
+    )]
+    DiskFull {
+        /// The directory.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
     },
     /// The engine found the store's files damaged: a checksum that does not
     /// match, a file cut short, bytes that are not what the engine wrote.
@@ -160,10 +187,29 @@ fn report_cut_journals(path: &Path, before: &[(PathBuf, u64)]) {
 }
 
 impl OpenError {
+    /// A directory `path` that could not be created or synced: full, or
+    /// unusable.
+    fn from_directory(path: &Path, source: std::io::Error) -> Self {
+        let path = path.to_path_buf();
+        if is_disk_full(&source) {
+            OpenError::DiskFull { path, source }
+        } else {
+            OpenError::Directory { path, source }
+        }
+    }
+
     /// What the engine's `source` means for the store at `path`: damaged
     /// files, or a directory it cannot use (in use, not permitted).
     fn from_engine(path: &Path, source: fjall::Error) -> Self {
         let path = path.to_path_buf();
+        match source {
+            fjall::Error::Io(source) | fjall::Error::Storage(fjall::LsmError::Io(source))
+                if is_disk_full(&source) =>
+            {
+                return OpenError::DiskFull { path, source };
+            }
+            _ => {}
+        }
         if is_damage(&source) {
             OpenError::Damaged { path, source }
         } else {
@@ -227,9 +273,11 @@ struct Inner {
     clock: Arc<dyn Clock>,
     limits: Limits,
     abandoned_retention: Duration,
+    /// Where the store is, for messages.
+    path: PathBuf,
     /// Set when a write or fsync failed: the engine can no longer promise
     /// durability, so every later operation fails until a restart.
-    failed: OnceLock<String>,
+    failed: OnceLock<WriteFailed>,
     sweeper: OnceLock<Thread>,
 }
 
@@ -310,10 +358,7 @@ impl FileStoreBuilder {
     /// Opens (or creates) the store, recovering it after a crash.
     pub fn open(self) -> Result<FileStore, OpenError> {
         let path = self.path;
-        dir::create_durably(&path).map_err(|source| OpenError::Directory {
-            path: path.clone(),
-            source,
-        })?;
+        dir::create_durably(&path).map_err(|source| OpenError::from_directory(&path, source))?;
         let engine = |source| OpenError::from_engine(&path, source);
         let journals = dir::journal_sizes(&path);
         let db = Database::builder(&path)
@@ -330,10 +375,7 @@ impl FileStoreBuilder {
         let completed_from =
             completion_index_start(&db, &records, &meta, self.clock.now()).map_err(engine)?;
         let completed = db.keyspace("completed", keyspace_options).map_err(engine)?;
-        dir::sync_tree(&path).map_err(|source| OpenError::Directory {
-            path: path.clone(),
-            source,
-        })?;
+        dir::sync_tree(&path).map_err(|source| OpenError::from_directory(&path, source))?;
         let tokens = tokens::TokenSequence::open(&db, &meta, self.token_block)
             .map_err(|e| e.into_open_error(&path))?;
         let claims = Arc::new(Claims::new(64));
@@ -364,12 +406,17 @@ impl FileStoreBuilder {
             clock: self.clock,
             limits: self.limits,
             abandoned_retention: self.abandoned_retention,
+            path: path.clone(),
             failed: OnceLock::new(),
             sweeper: OnceLock::new(),
         });
         if let Some(every) = self.sweep_interval {
             let sweeper = spawn_periodic("idem-file-sweeper", &inner, every, |inner| {
-                if let Err(e) = inner.sweep() {
+                // A stopped store said why when it stopped: nothing to
+                // sweep, and nothing new to say, until it is reopened.
+                if inner.failed.get().is_none()
+                    && let Err(e) = inner.sweep()
+                {
                     tracing::warn!(error = %e, "sweeping expired records failed");
                 }
             })
@@ -413,10 +460,11 @@ impl FileStore {
     /// Makes everything written so far durable (also what `Buffered` mode
     /// has not synced). For a clean shutdown.
     pub fn flush(&self) -> Result<(), StoreError> {
-        self.records()
+        let inner = self.records();
+        inner
             .db
             .persist(PersistMode::SyncAll)
-            .map_err(StoreError::unavailable)
+            .map_err(|e| inner.engine_failed(e.into()))
     }
 }
 
@@ -512,17 +560,18 @@ fn corrupt(key: &[u8], detail: impl std::fmt::Display) -> StoreError {
 impl Inner {
     fn check_healthy(&self) -> Result<(), StoreError> {
         match self.failed.get() {
-            Some(why) => Err(StoreError::unavailable(format!(
-                "a durable write failed earlier ({why}); restart the store to recover"
-            ))),
+            Some(why) => Err(why.stopped(&self.path)),
             None => Ok(()),
         }
     }
 
-    fn engine_failed(&self, e: impl std::fmt::Display) -> StoreError {
-        let why = e.to_string();
-        let _ = self.failed.set(why.clone());
-        StoreError::unavailable(why)
+    /// Stops the store after a write the engine could not make, and
+    /// answers why it stopped: the first failure, which later ones (the
+    /// engine refusing every write after one failed) only repeat.
+    fn engine_failed(&self, e: WriteFailed) -> StoreError {
+        self.failed
+            .get_or_init(|| e.at(&self.path))
+            .stopped(&self.path)
     }
 
     /// The completed record stored for `encoded`, live or not.
@@ -636,7 +685,10 @@ impl Inner {
         attempt: u32,
         now: Timestamp,
     ) -> Result<Begin, StoreError> {
-        let token = self.tokens.next().map_err(|e| self.engine_failed(e))?;
+        let token = self
+            .tokens
+            .next()
+            .map_err(|e| self.engine_failed(e.into()))?;
         let lease_expires_at = now.after(lease.duration());
         shard.claims.insert(
             enc,
@@ -695,7 +747,7 @@ impl Inner {
             .as_ref()
             .expect("the store is open")
             .send(job)
-            .map_err(|_| self.engine_failed("the committer thread has stopped"))
+            .map_err(|_| self.engine_failed(WriteFailed::committer_stopped()))
     }
 
     /// Completes every item. Each item's effect is decided, and the writes
@@ -739,7 +791,7 @@ impl Inner {
             match written.wait().await {
                 Some(Ok(())) => {}
                 Some(Err(e)) => return Err(self.engine_failed(e)),
-                None => return Err(self.engine_failed("the committer thread has stopped")),
+                None => return Err(self.engine_failed(WriteFailed::committer_stopped())),
             }
         }
         for (i, step) in pending {
@@ -747,7 +799,7 @@ impl Inner {
                 Completing::Wait(rx) => match rx.await {
                     Ok(Ok(())) => Fenced::Ok(()),
                     Ok(Err(e)) => return Err(self.engine_failed(e)),
-                    Err(_) => return Err(self.engine_failed("the committer thread has stopped")),
+                    Err(_) => return Err(self.engine_failed(WriteFailed::committer_stopped())),
                 },
                 Completing::Check(enc) => {
                     let stored = self.read_completed(&enc)?;
@@ -879,8 +931,8 @@ impl Inner {
             self.send(Job::Sweep { due, done })?;
             removed += answer
                 .recv()
-                .map_err(|_| self.engine_failed("the committer thread has stopped"))?
-                .map_err(StoreError::unavailable)?;
+                .map_err(|_| self.engine_failed(WriteFailed::committer_stopped()))?
+                .map_err(|e| self.engine_failed(e))?;
         }
     }
 }
@@ -914,7 +966,7 @@ impl Inner {
             for k in old {
                 batch.remove(&self.completed, k);
             }
-            batch.commit().map_err(StoreError::unavailable)?;
+            batch.commit().map_err(|e| self.engine_failed(e.into()))?;
         }
     }
 }
@@ -947,7 +999,7 @@ enum Completing {
     /// Answered already.
     Done(Fenced),
     /// The same token's completion is in flight: its result is the answer.
-    Wait(oneshot::Receiver<Result<(), String>>),
+    Wait(oneshot::Receiver<Result<(), WriteFailed>>),
     /// No claim: `Ok` if the stored record was completed by this token.
     Check(Box<[u8]>),
 }

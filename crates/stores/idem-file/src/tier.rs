@@ -13,6 +13,7 @@ use tokio::sync::oneshot;
 use crate::claims::{self, Claim, encoded};
 use crate::codec::{completed_key, decode_completed, expires_at_of, split_expiry_key};
 use crate::commit::{Job, Put};
+use crate::failure::WriteFailed;
 use crate::{FileStore, Inner, corrupt, off_workers, read_failed};
 
 impl Inner {
@@ -123,7 +124,7 @@ impl Inner {
             {
                 Some(Ok(())) => {}
                 Some(Err(e)) => return Err(self.engine_failed(e)),
-                None => return Err(self.engine_failed("the committer thread has stopped")),
+                None => return Err(self.engine_failed(WriteFailed::committer_stopped())),
             }
         }
         match failed {
@@ -150,7 +151,7 @@ impl Inner {
         match answer.await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(self.engine_failed(e)),
-            Err(_) => Err(self.engine_failed("the committer thread has stopped")),
+            Err(_) => Err(self.engine_failed(WriteFailed::committer_stopped())),
         }
     }
 

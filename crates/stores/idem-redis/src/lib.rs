@@ -71,6 +71,12 @@
 //! again answers `Stale` once the first one ran (the key is free either
 //! way).
 //!
+//! A Redis that cannot persist a write refuses it: with `appendfsync
+//! always` it exits at the first append-only write its disk refuses,
+//! before answering it, and with `everysec` it answers `MISCONF` to every
+//! write until it can write again. The store answers `Unavailable` either
+//! way, and works again once Redis does (`tests/disk_full.rs`).
+//!
 //! # Cancel safety
 //!
 //! Every operation takes full effect or none when its future is dropped,

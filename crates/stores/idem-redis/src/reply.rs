@@ -11,6 +11,13 @@ use idem_core::{
 use redis::Value;
 
 pub(crate) fn unavailable(e: redis::RedisError) -> StoreError {
+    // Redis refuses writes it could not persist (a full disk under its
+    // append-only file or snapshot): say what to do, as its error does not.
+    if e.code() == Some("MISCONF") {
+        return StoreError::unavailable(format!(
+            "Redis refuses writes because it cannot persist them ({e}); free space on the disk holding Redis's data directory, or fix what Redis's log names: Redis takes writes again by itself once it can write, and idem with it"
+        ));
+    }
     StoreError::unavailable(e)
 }
 
