@@ -449,11 +449,12 @@ impl Channel {
         }
     }
 
-    /// The keys of the messages in the consumers' dead-letter destination,
-    /// read (and acked) with idem's own source for `broker`: waits until at
-    /// least `expected` have come (a dead letter is written after the
-    /// message's last call) and one more fetch brings nothing, or `wait`
-    /// has passed.
+    /// The keys of the dead letters the consumers wrote, read with the
+    /// broker's own client where one is at hand (RabbitMQ with `lapin`,
+    /// taking each; the Redis stream with `XRANGE`; the JetStream stream
+    /// message by message, all three leaving idem's code out), and with
+    /// idem's source for Kafka and RocketMQ. Waits up to `wait` for at
+    /// least `expected`.
     pub async fn dead_letters(
         &self,
         broker: Broker,
@@ -461,53 +462,58 @@ impl Channel {
         wait: Duration,
     ) -> Result<Vec<String>, String> {
         let url = &self.dead_letters;
-        match broker {
-            Broker::Amqp => {
-                let config = AmqpConfig::from_url(url).map_err(|e| e.to_string())?;
-                let source = AmqpSource::connect(config)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let keys = drain(&source, expected, wait).await;
-                source.close().await;
-                keys
+        let deadline = tokio::time::Instant::now() + wait;
+        let read = async {
+            match broker {
+                Broker::Amqp => {
+                    let mut keys = Vec::new();
+                    loop {
+                        keys.extend(amqp_take(url).await?);
+                        if keys.len() >= expected || tokio::time::Instant::now() >= deadline {
+                            return Ok(keys);
+                        }
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+                Broker::RedisStreams => loop {
+                    let keys = redis_stream_keys(url).await?;
+                    if keys.len() >= expected || tokio::time::Instant::now() >= deadline {
+                        return Ok(keys);
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                },
+                Broker::Nats => loop {
+                    let keys = jetstream_keys(url).await?;
+                    if keys.len() >= expected || tokio::time::Instant::now() >= deadline {
+                        return Ok(keys);
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                },
+                Broker::Kafka => {
+                    let config =
+                        idem_kafka::KafkaConfig::from_url(url).map_err(|e| e.to_string())?;
+                    let source = idem_kafka::KafkaSource::connect(config)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let keys = drain(&source, expected, wait).await;
+                    source.close().await;
+                    keys
+                }
+                Broker::RocketMq => {
+                    let config =
+                        idem_rocketmq::RocketMqConfig::from_url(url).map_err(|e| e.to_string())?;
+                    let source = idem_rocketmq::RocketMqSource::connect(config)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let keys = drain(&source, expected, wait).await;
+                    source.shutdown().await;
+                    keys
+                }
+                Broker::Proxy | Broker::Serve => Err("the HTTP runs have no broker".into()),
             }
-            Broker::Nats => {
-                let config =
-                    idem_jetstream::JetStreamConfig::from_url(url).map_err(|e| e.to_string())?;
-                let source = idem_jetstream::JetStreamSource::connect(config)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                drain(&source, expected, wait).await
-            }
-            Broker::RedisStreams => {
-                let config = RedisStreamConfig::from_url(url).map_err(|e| e.to_string())?;
-                let source = idem_redis_streams::RedisStreamSource::connect(config)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                drain(&source, expected, wait).await
-            }
-            Broker::Kafka => {
-                let config = idem_kafka::KafkaConfig::from_url(url).map_err(|e| e.to_string())?;
-                let source = idem_kafka::KafkaSource::connect(config)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let keys = drain(&source, expected, wait).await;
-                source.close().await;
-                keys
-            }
-            Broker::RocketMq => {
-                let config =
-                    idem_rocketmq::RocketMqConfig::from_url(url).map_err(|e| e.to_string())?;
-                let source = idem_rocketmq::RocketMqSource::connect(config)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let keys = drain(&source, expected, wait).await;
-                source.shutdown().await;
-                keys
-            }
-            Broker::Proxy | Broker::Serve => Err("the HTTP runs have no broker".into()),
-        }
-        .map_err(|e| format!("reading the dead letters at {url}: {e}"))
+        };
+        read.await
+            .map_err(|e: String| format!("reading the dead letters at {url}: {e}"))
     }
 
     pub async fn close(self) {
@@ -537,6 +543,112 @@ async fn delete_queues(url: &str, queues: &[String]) {
         }
     }
     let _ = connection.close(0, "done".into()).await;
+}
+
+/// The run's key in a message body, or what the body is instead.
+fn key_in(body: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("key")?.as_str().map(str::to_owned))
+        .unwrap_or_else(|| format!("(a body that is not a run's message: {} bytes)", body.len()))
+}
+
+/// Takes every message waiting in the RabbitMQ queue the URL `url` names
+/// (`…?queue=NAME`), with `lapin`; answers their keys.
+async fn amqp_take(url: &str) -> Result<Vec<String>, String> {
+    use lapin::options::{BasicAckOptions, BasicGetOptions};
+    let (server, queue) = url
+        .split_once("?queue=")
+        .ok_or_else(|| format!("no queue in {url}"))?;
+    let connection = lapin::Connection::connect(server, lapin::ConnectionProperties::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut keys = Vec::new();
+    while let Some(got) = channel
+        .basic_get(queue.into(), BasicGetOptions::default())
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        keys.push(key_in(&got.delivery.data));
+        got.delivery
+            .ack(BasicAckOptions::default())
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let _ = connection.close(0, "read".into()).await;
+    Ok(keys)
+}
+
+/// The keys of every entry of the Redis stream the URL `url` names
+/// (`redis://…?stream=NAME&…`), read with `XRANGE` (which takes nothing).
+async fn redis_stream_keys(url: &str) -> Result<Vec<String>, String> {
+    let (server, query) = url
+        .split_once('?')
+        .ok_or_else(|| format!("no stream in {url}"))?;
+    let stream = query
+        .split('&')
+        .find_map(|p| p.strip_prefix("stream="))
+        .ok_or_else(|| format!("no stream in {url}"))?;
+    let out = shell(
+        "redis-cli",
+        &["-u", server, "--no-raw", "XRANGE", stream, "-", "+"],
+    )
+    .await?;
+    // Each entry's fields come as name and value lines: the value after
+    // a `body` line is the message.
+    let lines: Vec<&str> = out.lines().collect();
+    let mut keys = Vec::new();
+    for pair in lines.windows(2) {
+        if pair[0].trim_end().ends_with("\"body\"") {
+            let quoted = pair[1].split_once(") ").map_or(pair[1], |(_, v)| v).trim();
+            let body: String = serde_json::from_str(quoted).unwrap_or_else(|_| quoted.to_owned());
+            keys.push(key_in(body.as_bytes()));
+        }
+    }
+    Ok(keys)
+}
+
+/// The keys of every message of the JetStream stream the URL `url` names
+/// (`nats://…?stream=NAME&…`), fetched one by one by sequence with the
+/// NATS client (which takes nothing).
+async fn jetstream_keys(url: &str) -> Result<Vec<String>, String> {
+    let (server, query) = url
+        .split_once('?')
+        .ok_or_else(|| format!("no stream in {url}"))?;
+    let name = query
+        .split('&')
+        .find_map(|p| p.strip_prefix("stream="))
+        .ok_or_else(|| format!("no stream in {url}"))?;
+    let client = async_nats::connect(server)
+        .await
+        .map_err(|e| e.to_string())?;
+    let js = async_nats::jetstream::new(client);
+    let mut stream = match js.get_stream(name).await {
+        Ok(s) => s,
+        // No dead letter was ever written: no stream.
+        Err(e) if e.to_string().contains("not found") => return Ok(Vec::new()),
+        Err(e) => return Err(e.to_string()),
+    };
+    let state = stream
+        .info()
+        .await
+        .map_err(|e| e.to_string())?
+        .state
+        .clone();
+    let mut keys = Vec::new();
+    for seq in state.first_sequence..=state.last_sequence {
+        if state.messages == 0 {
+            break;
+        }
+        if let Ok(m) = stream.get_raw_message(seq).await {
+            keys.push(key_in(&m.payload));
+        }
+    }
+    Ok(keys)
 }
 
 /// Reads every message `source` has (see [`Channel::dead_letters`]),

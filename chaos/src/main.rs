@@ -111,8 +111,8 @@ enum Command {
         /// slow store, a broker restart, the service, poison, a crashed
         /// database) with this
         /// many messages each, and a deadline to match.
-        #[arg(long, value_name = "MESSAGES")]
-        size: Option<usize>,
+        #[arg(long, value_name = "MESSAGES", value_parser = clap::value_parser!(u64).range(100..))]
+        size: Option<u64>,
         /// Write the table into this file, between its chaos markers.
         #[arg(long, value_name = "FILE")]
         write: Option<PathBuf>,
@@ -244,7 +244,10 @@ fn main() -> ExitCode {
         );
         let stamp = rt.block_on(versions::stamp());
         let table = report::markdown(&rows, &skipped, &command, &machine, &stamp, section);
-        if let Err(e) = report::write(path, &table, section) {
+        let uncovered = report::uncovered(&crate::long(), "chaos-uncovered");
+        if let Err(e) = report::write(path, &table, section)
+            .and_then(|()| report::write(path, &uncovered, "chaos-uncovered"))
+        {
             eprintln!("idem-chaos: {e}");
             return ExitCode::FAILURE;
         }
@@ -303,7 +306,7 @@ fn specs(command: &Command) -> Result<Vec<Spec>, String> {
             deadline: Duration::from_secs(*deadline_s),
             seed: *seed,
         }]),
-        Command::Suite { size: Some(n), .. } => Ok(at_size(*n)),
+        Command::Suite { size: Some(n), .. } => Ok(at_size(*n as usize)),
         Command::Suite { long: false, .. } => Ok(short()),
         Command::Suite { long: true, .. } => Ok(long()),
         Command::Worker(_) => Ok(Vec::new()),
@@ -464,4 +467,27 @@ fn summary(o: &Outcome) -> String {
         s.push_str(p);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the long matrix does not run is listed by reason, each gap
+    /// once, short enough to read.
+    #[test]
+    fn the_uncovered_list_names_each_gap_once() {
+        let text = report::uncovered(&long(), "chaos-uncovered");
+        assert!(text.len() < 20_000, "{} bytes:\n{text}", text.len());
+        assert!(
+            text.contains("`zombie` on kafka / "),
+            "a stopped Kafka consumer is a gap:\n{text}"
+        );
+        assert!(!text.contains("proxy / memory (library"), "{text}");
+        let lines: Vec<&str> = text.lines().collect();
+        let mut unique = lines.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), lines.len(), "{text}");
+    }
 }

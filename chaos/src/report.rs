@@ -3,8 +3,10 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use crate::broker::Broker;
+use crate::fault::Fault;
 use crate::judge::Outcome;
-use crate::spec::RunnerKind;
+use crate::spec::{RunnerKind, Spec};
 
 /// The markers around section `name` of a page.
 fn markers(name: &str) -> (String, String) {
@@ -160,6 +162,57 @@ pub fn markdown(
         for why in skipped {
             let _ = writeln!(s, "- {why}");
         }
+    }
+    let _ = writeln!(s, "{end}");
+    s
+}
+
+/// The combinations of `matrix` that do not run, grouped by why, as
+/// section `section`: each fault with the brokers and stores it does not
+/// run on under `idem consume`, and for the other runners, why not. (The
+/// HTTP runs' faults and the brokers' are kinds apart, not gaps.)
+pub fn uncovered(matrix: &[Spec], section: &str) -> String {
+    use std::collections::{BTreeMap, BTreeSet};
+    let http = |spec: &Spec| matches!(spec.broker, Broker::Proxy | Broker::Serve);
+    let http_fault = |spec: &Spec| {
+        matches!(
+            spec.fault,
+            Fault::ClientCuts | Fault::ProxyKill | Fault::ServeKill
+        )
+    };
+    let mut sidecar: BTreeMap<&str, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    let mut runners: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for spec in matrix {
+        if http(spec) != http_fault(spec) {
+            continue;
+        }
+        let Some(reason) = spec.unfit() else { continue };
+        if spec.runner == RunnerKind::Sidecar {
+            sidecar
+                .entry(reason)
+                .or_default()
+                .entry(spec.fault.to_string())
+                .or_default()
+                .insert(format!("{} / {}", spec.broker, spec.store));
+        } else if !http(spec) {
+            runners
+                .entry(reason)
+                .or_default()
+                .insert(spec.runner.title());
+        }
+    }
+    let (start, end) = markers(section);
+    let mut s = format!("{start}\n");
+    for (reason, faults) in sidecar {
+        let _ = writeln!(s, "- {reason}:");
+        for (fault, on) in faults {
+            let on: Vec<&str> = on.iter().map(String::as_str).collect();
+            let _ = writeln!(s, "  - `{fault}` on {}", on.join(", "));
+        }
+    }
+    for (reason, by) in runners {
+        let by: Vec<&str> = by.into_iter().collect();
+        let _ = writeln!(s, "- with the {}: {reason}", by.join("; the "));
     }
     let _ = writeln!(s, "{end}");
     s

@@ -251,6 +251,12 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     // whatever the explanations say. (Not the poison keys: a dead-lettered
     // key is released, as docs/contract.md says, and its copy runs again.)
     let replayed = if settled {
+        // First every delivery the broker still holds is settled (a
+        // killed consumer's messages come back after the broker's
+        // redelivery time), so that every key has its record completed:
+        // a final copy then finds it.
+        at("waiting for the broker to settle");
+        let _ = leftovers(&channel, spec.broker).await;
         at("publishing the final copy of every key");
         let done: Vec<String> = keys
             .iter()
@@ -277,7 +283,7 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     // back): what the broker says is left.
     let leftovers = if settled {
         at("reading what the broker has left");
-        Some(channel.leftovers(spec.broker).await)
+        Some(leftovers(&channel, spec.broker).await)
     } else {
         None
     };
@@ -350,6 +356,27 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
         outcome.problems.push(logs);
     }
     Ok(outcome)
+}
+
+/// How long a delivery whose ack was lost (to a broker restart, a cut
+/// link) may stay unacknowledged before the broker delivers it again:
+/// JetStream's ack wait, the longest of the brokers' redelivery times.
+const REDELIVERY: Duration = Duration::from_secs(30);
+
+/// What the broker has left once every delivery whose ack was lost has
+/// had its redelivery time to come back and be acked as a duplicate
+/// ([`REDELIVERY`], and the quiet time after it).
+async fn leftovers(channel: &Channel, broker: Broker) -> Result<Option<Vec<String>>, String> {
+    let deadline = Instant::now() + REDELIVERY + QUIET * 2;
+    loop {
+        let left = channel.leftovers(broker).await;
+        match &left {
+            Ok(Some(problems)) if !problems.is_empty() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            _ => return left,
+        }
+    }
 }
 
 /// Publishes one more copy of every key and waits until the consumers

@@ -1,11 +1,14 @@
 //! The short chaos suite, as CI runs it: every fault on Redis Streams with
 //! the Redis store, and a few on RabbitMQ, NATS, Kafka, RocketMQ,
 //! PostgreSQL, MariaDB, a Redis Cluster, the embedded and tiered stores,
-//! the gateway and the service, with poison messages on every broker.
-//! Fails on anything lost, any dead letter missing, doubled or wrong, any
-//! double effect no injected fault explains,
-//! any stale write the fenced sink took after a later holder had called,
-//! any token out of order, any two live holders of a key.
+//! the gateway and the service, with poison messages on every broker and
+//! two seeded mixes of faults. Fails on anything lost, any dead letter
+//! missing, doubled or wrong, any double effect no fault inside the claim
+//! it cut explains (or more than the faults could cut), any final copy of
+//! a completed message handled again, anything the broker still holds at
+//! the end, any stale write the fenced sink took, any token out of order,
+//! any second call while a key's holder is alive, and any run that could
+//! not finish.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
