@@ -393,7 +393,6 @@ fn short() -> Vec<Spec> {
         spec(Serve, Redis, ServeKill, n),
         spec(Amqp, Postgres, SlowHandler, n),
         spec(Nats, RedisOverPostgres, KillAfterEffect, n),
-        spec(Amqp, MariaDb, StoreRestart, n),
         spec(Nats, Redis, StorePartition, n),
         // RabbitMQ under a partition of its link is the open defect
         // RELIABILITY.md names: its row runs in the long suite.
