@@ -136,8 +136,18 @@ async fn a_dropped_sent_begin_lets_its_claim_go() {
         tokio::time::timeout(Duration::from_millis(100), store.begin(&k, None, lease())).await;
     assert!(gave_up.is_err(), "still in flight while Redis is paused");
     acquired(held.await.unwrap().unwrap());
-    // Its answer came back to nobody: the claim it made is let go.
+    // The dropped begin runs on Redis just after the held one: a read
+    // before it lands would see no record yet. Wait until it has made its
+    // claim (or until it is plainly let go already).
     let mut record = store.get(&k).await.unwrap();
+    for _ in 0..25 {
+        if record.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        record = store.get(&k).await.unwrap();
+    }
+    // Its answer came back to nobody: the claim it made is let go.
     for _ in 0..50 {
         if record.is_none() {
             break;
