@@ -583,9 +583,8 @@ async fn amqp_take(url: &str) -> Result<Vec<String>, String> {
     Ok(keys)
 }
 
-/// The keys of every entry of the Redis stream the URL `url` names
-/// (`redis://…?stream=NAME&…`), read with `XRANGE` (which takes nothing).
-async fn redis_stream_keys(url: &str) -> Result<Vec<String>, String> {
+/// The server and the `stream=` of a URL `scheme://server?stream=NAME&…`.
+fn server_and_stream(url: &str) -> Result<(&str, &str), String> {
     let (server, query) = url
         .split_once('?')
         .ok_or_else(|| format!("no stream in {url}"))?;
@@ -593,6 +592,13 @@ async fn redis_stream_keys(url: &str) -> Result<Vec<String>, String> {
         .split('&')
         .find_map(|p| p.strip_prefix("stream="))
         .ok_or_else(|| format!("no stream in {url}"))?;
+    Ok((server, stream))
+}
+
+/// The keys of every entry of the Redis stream the URL `url` names
+/// (`redis://…?stream=NAME&…`), read with `XRANGE` (which takes nothing).
+async fn redis_stream_keys(url: &str) -> Result<Vec<String>, String> {
+    let (server, stream) = server_and_stream(url)?;
     let out = shell(
         "redis-cli",
         &["-u", server, "--no-raw", "XRANGE", stream, "-", "+"],
@@ -616,13 +622,7 @@ async fn redis_stream_keys(url: &str) -> Result<Vec<String>, String> {
 /// (`nats://…?stream=NAME&…`), fetched one by one by sequence with the
 /// NATS client (which takes nothing).
 async fn jetstream_keys(url: &str) -> Result<Vec<String>, String> {
-    let (server, query) = url
-        .split_once('?')
-        .ok_or_else(|| format!("no stream in {url}"))?;
-    let name = query
-        .split('&')
-        .find_map(|p| p.strip_prefix("stream="))
-        .ok_or_else(|| format!("no stream in {url}"))?;
+    let (server, name) = server_and_stream(url)?;
     let client = async_nats::connect(server)
         .await
         .map_err(|e| e.to_string())?;
