@@ -253,6 +253,11 @@ fn main() -> ExitCode {
         }
     }
     let failed = rows.iter().filter(|o| !o.passed()).count();
+    // The failed rows again at the end, so the last lines of a long log
+    // name them.
+    for o in rows.iter().filter(|o| !o.passed()) {
+        eprintln!("failed: {}\n  {}", o.names.command, summary(o));
+    }
     eprintln!(
         "{} runs: {} passed, {failed} failed, {} do not fit",
         rows.len(),

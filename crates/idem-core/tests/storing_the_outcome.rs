@@ -1,7 +1,9 @@
 //! A store that fails while the guard stores a handler's outcome does not
 //! make the handler run again: `complete` by the same token is idempotent
 //! (docs/contract.md §2), so the guard retries it while the watchdog keeps
-//! the lease, up to the last known lease end, and only then gives up.
+//! the lease, and on for two leases past the lease's end (a `complete`
+//! refused as stale then stores the outcome under a new claim), and only
+//! then gives up.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -100,11 +102,11 @@ async fn renewals_keep_the_lease_while_the_outcome_is_retried() {
     ));
 }
 
-/// A store that stays down past the lease's end: the guard gives up with
-/// the store's error just before the last known lease end, not earlier,
-/// and leaves the claim to expire (the message is retried later).
+/// A store that stays down: the guard gives up with the store's error just
+/// before two leases past the last known lease end, not earlier, and
+/// leaves the claim to expire (the message is retried later).
 #[tokio::test(start_paused = true)]
-async fn storing_the_outcome_gives_up_at_the_lease_end_when_the_store_stays_down() {
+async fn storing_the_outcome_gives_up_two_leases_past_the_lease_end_when_the_store_stays_down() {
     let store = Switchable::new(MemoryStore::new());
     let guard = Guard::new(store.clone()).lease(Lease::from_secs(30));
     let k = key("down");
@@ -122,8 +124,8 @@ async fn storing_the_outcome_gives_up_at_the_lease_end_when_the_store_stays_down
     assert!(matches!(e, GuardError::Store(_)), "{e:?}");
     assert_eq!(e.disposition(), Disposition::RetryLater { after: None });
     assert!(
-        gave_up_after >= Duration::from_secs(29) && gave_up_after < Duration::from_secs(30),
-        "gave up within the last retry pause before the lease's end: {gave_up_after:?}"
+        gave_up_after >= Duration::from_secs(89) && gave_up_after < Duration::from_secs(90),
+        "gave up within the last retry pause before two leases past the lease's end: {gave_up_after:?}"
     );
     assert_eq!(count(&runs), 1);
     store.set_down(false);
@@ -134,9 +136,10 @@ async fn storing_the_outcome_gives_up_at_the_lease_end_when_the_store_stays_down
 }
 
 /// A store that renews the lease but never stores the outcome does not
-/// hold the message forever: the retries end one lease after they began.
+/// hold the message forever: the retries end three leases after they
+/// began.
 #[tokio::test(start_paused = true)]
-async fn a_store_that_renews_but_never_stores_gives_up_after_one_lease() {
+async fn a_store_that_renews_but_never_stores_gives_up_after_three_leases() {
     let store = Switchable::new(MemoryStore::new());
     let guard = Guard::new(store.clone()).lease(Lease::from_secs(6));
     let start = Instant::now();
@@ -149,7 +152,7 @@ async fn a_store_that_renews_but_never_stores_gives_up_after_one_lease() {
     let gave_up_after = start.elapsed();
     assert!(matches!(r, Err(GuardError::Store(_))), "{r:?}");
     assert!(
-        gave_up_after >= Duration::from_secs(5) && gave_up_after < Duration::from_secs(6),
+        gave_up_after >= Duration::from_secs(17) && gave_up_after < Duration::from_secs(18),
         "{gave_up_after:?}"
     );
     assert!(count(&store.calls().extend) >= 1, "renewed meanwhile");
@@ -267,4 +270,93 @@ async fn a_refused_complete_is_not_retried() {
     assert!(matches!(r, Err(GuardError::Invalid(_))), "{r:?}");
     assert_eq!(count(&store.calls().complete), 1, "tried once");
     assert_eq!(store.get(&k).await.unwrap(), None, "released");
+}
+
+/// A store down a little longer than the lease (a database restarting)
+/// when the handler succeeds, in real time (the store's lease runs out): the guard keeps trying to store the outcome
+/// past the lease's end and, the store back, claims the key again and
+/// stores it, rather than hand the message back to run the effect again.
+/// A store down for longer than the retries' bound hands it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_outlives_a_store_outage_a_little_longer_than_the_lease() {
+    let store = Switchable::new(MemoryStore::new());
+    let guard = Guard::new(store.clone()).lease(Lease::from_millis(300));
+    let runs = AtomicU32::new(0);
+    let k = key("outage");
+    let r = guard
+        .run(&k, None, |_| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            blip(&store, Duration::from_millis(450));
+            Ok::<_, String>(7)
+        })
+        .await;
+    assert_eq!(r.expect("the outcome is stored once the store is back"), 7);
+    let Some(Record::Completed(done)) = store.get(&k).await.unwrap() else {
+        panic!("the key is completed");
+    };
+    assert_eq!(done.outcome.as_deref(), Some(&b"7"[..]));
+    let again = guard
+        .run(&k, None, |_| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(0)
+        })
+        .await;
+    assert_eq!((again.unwrap(), count(&runs)), (7, 1));
+
+    // Down for much longer: the message is handed back (retry later)
+    // within three leases of the handler's end, not held forever.
+    let k = key("long-outage");
+    let started = std::time::Instant::now();
+    let r = guard
+        .run(&k, None, |_| async {
+            blip(&store, Duration::from_secs(3));
+            Ok::<_, String>(8)
+        })
+        .await;
+    assert!(matches!(r, Err(GuardError::Store(_))), "{r:?}");
+    assert!(started.elapsed() < Duration::from_millis(1_500));
+    assert_eq!(
+        r.unwrap_err().disposition(),
+        Disposition::RetryLater { after: None }
+    );
+}
+
+/// Dropping the run while it retries storing past the lease's end stops
+/// the retries: nothing is stored later on the dropped run's behalf, and
+/// the key is free for the next delivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_dropped_while_storing_late_stores_nothing_and_frees_the_key() {
+    let store = Switchable::new(MemoryStore::new());
+    let guard = Guard::new(store.clone()).lease(Lease::from_millis(200));
+    let k = key("dropped-late");
+    let running = tokio::spawn({
+        let (guard, k, store) = (guard.clone(), k.clone(), store.clone());
+        async move {
+            guard
+                .run(&k, None, |_| async move {
+                    store.set_down(true);
+                    Ok::<_, String>(1)
+                })
+                .await
+        }
+    });
+    // Past the lease's end, inside the retries' bound.
+    tokio::time::sleep(Duration::from_millis(320)).await;
+    assert!(!running.is_finished(), "the guard still retries");
+    running.abort();
+    let _ = running.await;
+    store.set_down(false);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !matches!(store.get(&k).await.unwrap(), Some(Record::Completed(_))),
+        "the dropped run stored its outcome"
+    );
+    let runs = AtomicU32::new(0);
+    let r = guard
+        .run(&k, None, |_| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(2)
+        })
+        .await;
+    assert_eq!((r.unwrap(), count(&runs)), (2, 1));
 }

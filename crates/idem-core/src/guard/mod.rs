@@ -397,7 +397,7 @@ impl<S: Store + Clone> Guard<S> {
                         held.release().await;
                         Err(e)
                     }
-                    // The store failed until the lease's end: the claim
+                    // The store failed for leases past the lease's end: the claim
                     // expires by itself.
                     Err(e) => {
                         held.disarm();
@@ -490,10 +490,13 @@ impl<S: Store + Clone> Guard<S> {
     /// Stores the outcome. A transient failure is retried after a pause
     /// that doubles from 10 ms up to 1 s (each cut by up to half at random,
     /// so that holders failing together do not retry in step), as long as
-    /// the retry comes before the last known lease end (renewals push it
-    /// out) and within one lease of the first try (a store that renews but
-    /// never stores does not hold the message forever). Retrying is safe: a
-    /// `complete` by the same token answers `Ok` again once one has landed.
+    /// the retry comes within [`LATE_STORE_LEASES`] leases of the earlier
+    /// of the last known lease end (renewals push it out) and one lease
+    /// after the first try (a store that renews but never stores does not
+    /// hold the message forever). Retrying is safe: a `complete` by the
+    /// same token answers `Ok` again once one has landed, and one that
+    /// comes after the lease's end is refused as stale, which
+    /// [`store_late`](Self::store_late) settles by what the store holds.
     async fn store_outcome<E>(
         &self,
         key: &Key,
@@ -505,7 +508,8 @@ impl<S: Store + Clone> Guard<S> {
             .limits()
             .check_outcome(Some(&outcome))
             .map_err(GuardError::Invalid)?;
-        let give_up_by = Instant::now() + self.lease.duration();
+        let lease = self.lease.duration();
+        let give_up_by = Instant::now() + lease;
         let mut pause = FIRST_COMPLETE_PAUSE;
         loop {
             match self
@@ -515,9 +519,9 @@ impl<S: Store + Clone> Guard<S> {
             {
                 Err(e) if e.is_transient() => {
                     let wait = jittered(pause);
-                    let deadline = (*lease_end.lock()).min(give_up_by);
+                    let deadline = (*lease_end.lock()).min(give_up_by) + lease * LATE_STORE_LEASES;
                     if Instant::now() + wait >= deadline {
-                        tracing::warn!(%key, error = %e, "storing the outcome failed until the lease's end; giving up");
+                        tracing::warn!(%key, error = %e, "storing the outcome failed for longer than the lease allows; giving up");
                         return Err(GuardError::from_store(e));
                     }
                     tracing::warn!(%key, error = %e, ?wait, "storing the outcome failed; retrying");
@@ -567,6 +571,14 @@ impl<S: Store + Clone> Guard<S> {
         }
     }
 }
+
+/// How many leases past the lease's end a failed `complete` is still
+/// retried. Work that was done is worth more than a prompt redelivery: a
+/// store down for a little longer than the lease (a database restarting)
+/// gets the outcome when it is back, under a new claim if no one took the
+/// key over meanwhile, rather than the message being handed back to run
+/// the effect again. Past this the message is handed back (retry later).
+const LATE_STORE_LEASES: u32 = 2;
 
 /// The first pause before a failed `complete` is retried; each next one
 /// doubles, up to [`MAX_COMPLETE_PAUSE`].
