@@ -374,6 +374,7 @@ fn short() -> Vec<Spec> {
         spec(Nats, MariaDb, DbCut, n).by(RunnerKind::Inbox),
         spec(Amqp, Postgres, Zombie, n).by(RunnerKind::Inbox),
         spec(Amqp, Postgres, StoreRestart, n),
+        spec(Amqp, MariaDb, StoreRestart, n),
         spec(Amqp, Postgres, DbCut, n),
         spec(Nats, MariaDb, DbCut, n),
         spec(Amqp, Redis, BrokerRestart, n),
@@ -399,9 +400,7 @@ fn short() -> Vec<Spec> {
         spec(Amqp, Postgres, SlowHandler, n),
         spec(Nats, RedisOverPostgres, KillAfterEffect, n),
         spec(Nats, Redis, StorePartition, n),
-        // RabbitMQ under a partition of its link is the open defect
-        // RELIABILITY.md names: its row runs in the long suite.
-        spec(Nats, Postgres, BrokerPartition, n),
+        spec(Amqp, Postgres, BrokerPartition, n),
         seeded(RedisStreams, Postgres, 2),
         seeded(Nats, RedisAof, 3),
     ]);

@@ -611,6 +611,13 @@ fn commands(
         .collect())
 }
 
+/// The consumers' log filter: warnings, or `IDEM_CHAOS_LOG` (for example
+/// `warn,idem_amqp=debug,lapin=debug` to see what a failed run's broker
+/// client did).
+fn consumer_log_filter() -> String {
+    std::env::var("IDEM_CHAOS_LOG").unwrap_or_else(|_| "warn".to_owned())
+}
+
 /// `idem consume` arguments for one consumer.
 fn consumer_args(spec: &Spec, from: &str, store: &[String]) -> Vec<String> {
     let max_attempts = MAX_ATTEMPTS.to_string();
@@ -633,11 +640,10 @@ fn consumer_args(spec: &Spec, from: &str, store: &[String]) -> Vec<String> {
         "60000",
         "--shutdown-grace-ms",
         "5000",
-        "--log",
-        "warn",
     ]
     .map(String::from)
     .to_vec();
+    args.extend(["--log".into(), consumer_log_filter()]);
     args.push("--default-lease-ms".into());
     args.push(spec.lease.as_millis().to_string());
     args.extend(store.iter().cloned());

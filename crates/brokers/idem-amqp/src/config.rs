@@ -5,9 +5,11 @@ use std::time::Duration;
 
 use lapin::uri::AMQPUri;
 
+use crate::ConnectError;
+
 /// The URL form, quoted in every configuration error.
 const URL_FORM: &str = "amqp://USER:PASSWORD@HOST:5672/VHOST?queue=NAME \
-     (optional: dead_letter=NAME, max_hold_ms=MS, heartbeat=SECONDS, connection_timeout=MS, \
+     (optional: dead_letter=NAME, max_hold_ms=MS, answer_timeout_ms=MS, heartbeat=SECONDS, connection_timeout=MS, \
      frame_max=BYTES, channel_max=N, auth_mechanism=NAME; the default vhost `/` is `%2f`)";
 
 /// Where the source consumes, and how.
@@ -29,18 +31,23 @@ pub struct AmqpConfig {
     pub(crate) concurrency: usize,
     pub(crate) lease: Duration,
     pub(crate) max_hold: Duration,
+    pub(crate) answer_timeout: Duration,
 }
 
 /// How long a delivery is held unsettled at most by default: a margin under
 /// RabbitMQ's default `consumer_timeout` of 30 minutes.
 const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(25 * 60);
 
+/// How long the source waits for the broker's answer by default.
+const DEFAULT_ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
 impl AmqpConfig {
     /// Parses `amqp[s]://USER:PASSWORD@HOST:PORT/VHOST?queue=NAME`.
     ///
     /// Query parameters: `queue` (required), `dead_letter` (default
     /// `<queue>.dead-letter`), `max_hold_ms` (see
-    /// [`max_hold`](AmqpConfig::max_hold)), and the connection's own `heartbeat`,
+    /// [`max_hold`](AmqpConfig::max_hold)), `answer_timeout_ms` (see
+    /// [`answer_timeout`](AmqpConfig::answer_timeout)), and the connection's own `heartbeat`,
     /// `connection_timeout`, `frame_max`, `channel_max` and
     /// `auth_mechanism`. Anything else is refused with the parameter's name.
     pub fn from_url(url: &str) -> Result<Self, ConfigError> {
@@ -54,6 +61,7 @@ impl AmqpConfig {
         let mut queue = None;
         let mut dead_letter = None;
         let mut max_hold = DEFAULT_MAX_HOLD;
+        let mut answer_timeout = DEFAULT_ANSWER_TIMEOUT;
         let mut passed = url::form_urlencoded::Serializer::new(String::new());
         for (name, value) in parsed.query_pairs() {
             match &*name {
@@ -64,6 +72,14 @@ impl AmqpConfig {
                     _ => {
                         return Err(ConfigError::new(format!(
                             "`max_hold_ms={value}` is not a positive number of milliseconds"
+                        )));
+                    }
+                },
+                "answer_timeout_ms" => match value.parse::<u64>() {
+                    Ok(ms) if ms > 0 => answer_timeout = Duration::from_millis(ms),
+                    _ => {
+                        return Err(ConfigError::new(format!(
+                            "`answer_timeout_ms={value}` is not a positive number of milliseconds"
                         )));
                     }
                 },
@@ -104,6 +120,7 @@ impl AmqpConfig {
             concurrency: 16,
             lease: Duration::from_secs(30),
             max_hold,
+            answer_timeout,
         })
     }
 
@@ -139,6 +156,27 @@ impl AmqpConfig {
     pub fn max_hold(mut self, hold: Duration) -> Self {
         self.max_hold = hold;
         self
+    }
+
+    /// How long the source waits for the broker's answer to a connect, a
+    /// declare or a publish (its confirm) before counting it as failed:
+    /// default 30 s. A failed republish hands its message back; a failed
+    /// connect is tried again. A link that stalls without closing would
+    /// otherwise hold its messages until the heartbeat notices, and lapin
+    /// can leave an answer pending for good when the connection breaks as
+    /// the request goes out.
+    pub fn answer_timeout(mut self, limit: Duration) -> Self {
+        self.answer_timeout = limit.max(Duration::from_millis(1));
+        self
+    }
+
+    /// `what` failed at the broker for `reason`.
+    pub(crate) fn broker_error(&self, what: &str, reason: String) -> ConnectError {
+        ConnectError::Broker {
+            what: what.to_owned(),
+            address: self.address(),
+            reason,
+        }
     }
 
     /// The longest a delivery is held unsettled.
@@ -281,6 +319,31 @@ mod tests {
             e.contains("`max_hold_ms=soon`") && e.contains("max_hold_ms=MS"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_answer_timeout_is_set_in_the_url_or_the_builder() {
+        let c = AmqpConfig::from_url("amqp://127.0.0.1/%2f?queue=a").unwrap();
+        assert_eq!(c.answer_timeout, Duration::from_secs(30));
+        let c =
+            AmqpConfig::from_url("amqp://127.0.0.1/%2f?queue=a&answer_timeout_ms=2500").unwrap();
+        assert_eq!(c.answer_timeout, Duration::from_millis(2500));
+        assert_eq!(
+            c.answer_timeout(Duration::ZERO).answer_timeout,
+            Duration::from_millis(1)
+        );
+        for bad in ["0", "soon"] {
+            let e = AmqpConfig::from_url(&format!(
+                "amqp://127.0.0.1/%2f?queue=a&answer_timeout_ms={bad}"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.contains(&format!("`answer_timeout_ms={bad}`"))
+                    && e.contains("answer_timeout_ms=MS"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

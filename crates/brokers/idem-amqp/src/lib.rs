@@ -58,6 +58,14 @@
 //! `nack` after a one-second pause instead of staying unacked while the
 //! channel lives, and the queue is declared again on next use.
 //!
+//! Every wait for the broker (connecting, declaring, a publish's confirm,
+//! an ack) ends when the connection closes or after
+//! [`answer_timeout`](AmqpConfig::answer_timeout) (30 s, `answer_timeout_ms=`
+//! in the URL), whichever comes first, and counts as failed: a link that
+//! hangs without closing, or a confirm lapin never resolves because the
+//! connection broke as the publish went out, would otherwise hold the
+//! message and its permit for good, and keep the consumer from stopping.
+//!
 //! # Attempts
 //!
 //! The handler attempt number is `idem-attempts + 1`, where the header

@@ -2,6 +2,8 @@
 //! queues declared on it.
 
 use std::collections::HashSet;
+use std::future::Future;
+use std::time::Duration;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
@@ -10,6 +12,10 @@ use parking_lot::Mutex;
 
 use crate::delay::RetryRoute;
 use crate::{AmqpConfig, ConnectError};
+
+/// How often a wait for the broker's answer checks that the connection is
+/// still open.
+const OPEN_CHECK: Duration = Duration::from_millis(100);
 
 /// A connection and its publishing channel. Deliveries keep the link they
 /// came from: once it is closed, settling them fails and the broker
@@ -25,9 +31,13 @@ pub(crate) struct Link {
 }
 
 impl Link {
-    /// Connects and opens the publishing channel; `role` names the
-    /// connection in RabbitMQ's connection list.
+    /// Connects and opens the publishing channel, within the answer
+    /// timeout; `role` names the connection in RabbitMQ's connection list.
     pub(crate) async fn open(config: &AmqpConfig, role: &str) -> Result<Self, ConnectError> {
+        within_answer_timeout(config, Self::open_now(config, role)).await
+    }
+
+    async fn open_now(config: &AmqpConfig, role: &str) -> Result<Self, ConnectError> {
         let props = ConnectionProperties::default()
             .with_connection_name(format!("idem-amqp {role} {}", config.queue()).into());
         let connection = Connection::connect_uri(config.uri.clone(), props)
@@ -56,6 +66,41 @@ impl Link {
         self.connection.status().connected() && self.publish.status().connected()
     }
 
+    /// Waits for the broker's answer to `what` while the connection is
+    /// open, and at most the configured answer timeout. lapin can leave an
+    /// answer pending forever (a publisher confirm, a reply) when the
+    /// connection breaks just as the request goes out, and a broker or link
+    /// that stalls without closing answers nothing until the heartbeat
+    /// notices; either would hold the message, and its permit, for good.
+    pub(crate) async fn answer<T>(
+        &self,
+        what: &str,
+        answer: impl Future<Output = T>,
+    ) -> Result<T, String> {
+        let limit = self.config.answer_timeout;
+        let deadline = tokio::time::Instant::now() + limit;
+        tokio::pin!(answer);
+        loop {
+            tokio::select! {
+                biased;
+                r = &mut answer => return Ok(r),
+                () = tokio::time::sleep(OPEN_CHECK) => {
+                    if !self.is_open() {
+                        return Err(format!(
+                            "the connection closed before the broker answered {what}"
+                        ));
+                    }
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(format!(
+                            "the broker did not answer {what} within {} ms (answer_timeout_ms)",
+                            limit.as_millis()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
     /// Makes sure the work queue exists: one that exists is used as it is
     /// (whatever its arguments: classic, quorum, with a length limit);
     /// a missing one is declared durable.
@@ -67,11 +112,20 @@ impl Link {
             ..QueueDeclareOptions::default()
         };
         // A failed passive declare closes its channel, so it gets one of its own.
-        let exists = check
-            .queue_declare(queue.into(), passive, FieldTable::default())
+        let exists = self
+            .answer(
+                &format!("checking queue `{queue}`"),
+                check.queue_declare(queue.into(), passive, FieldTable::default()),
+            )
             .await
+            .map_err(|reason| {
+                self.config
+                    .broker_error(&format!("checking queue `{queue}`"), reason)
+            })?
             .is_ok();
-        let _ = check.close(200, "OK".into()).await;
+        let _ = self
+            .answer("closing a channel", check.close(200, "OK".into()))
+            .await;
         if !exists {
             self.declare(queue, FieldTable::default()).await?;
         }
@@ -123,30 +177,31 @@ impl Link {
     /// Declares `queue` durable with `args`, on a channel of its own (a
     /// refused declare closes the channel).
     async fn declare(&self, queue: &str, args: FieldTable) -> Result<(), ConnectError> {
+        let what = format!("declaring queue `{queue}`");
         let channel = self.channel(queue).await?;
-        let r = channel
-            .queue_declare(queue.into(), QueueDeclareOptions::durable(), args)
-            .await;
-        let _ = channel.close(200, "OK".into()).await;
-        r.map(drop).map_err(|e| {
-            ConnectError::from_lapin(
-                &self.config,
-                &format!("declaring queue `{queue}`"),
-                Some(queue),
-                &e,
+        let declared = self
+            .answer(
+                &what,
+                channel.queue_declare(queue.into(), QueueDeclareOptions::durable(), args),
             )
-        })
+            .await;
+        let _ = self
+            .answer("closing a channel", channel.close(200, "OK".into()))
+            .await;
+        match declared {
+            Ok(r) => r
+                .map(drop)
+                .map_err(|e| ConnectError::from_lapin(&self.config, &what, Some(queue), &e)),
+            Err(reason) => Err(self.config.broker_error(&what, reason)),
+        }
     }
 
     async fn channel(&self, queue: &str) -> Result<Channel, ConnectError> {
-        self.connection.create_channel().await.map_err(|e| {
-            ConnectError::from_lapin(
-                &self.config,
-                &format!("opening a channel to declare `{queue}`"),
-                None,
-                &e,
-            )
-        })
+        let what = format!("opening a channel to declare `{queue}`");
+        match self.answer(&what, self.connection.create_channel()).await {
+            Ok(r) => r.map_err(|e| ConnectError::from_lapin(&self.config, &what, None, &e)),
+            Err(reason) => Err(self.config.broker_error(&what, reason)),
+        }
     }
 
     /// Publishes to `queue` through the default exchange and waits for the
@@ -161,12 +216,23 @@ impl Link {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
+        let what = format!("a publish to `{queue}`");
+        let confirm = self
+            .answer(
+                &what,
+                self.publish.basic_publish(
+                    ShortString::from(""),
+                    queue.into(),
+                    options,
+                    body,
+                    props,
+                ),
+            )
+            .await?
+            .map_err(|e| e.to_string())?;
         let confirmation = self
-            .publish
-            .basic_publish(ShortString::from(""), queue.into(), options, body, props)
-            .await
-            .map_err(|e| e.to_string())?
-            .await
+            .answer(&what, confirm)
+            .await?
             .map_err(|e| e.to_string())?;
         let refused = if confirmation.is_nack() {
             Some("the broker refused the message (nack)".to_owned())
@@ -185,6 +251,25 @@ impl Link {
             }
             None => Ok(()),
         }
+    }
+}
+
+/// `setup`, or an unreachable broker if it takes longer than the answer
+/// timeout (lapin's connect can wait for good on a broker that stops
+/// answering mid-handshake).
+pub(crate) async fn within_answer_timeout<T>(
+    config: &AmqpConfig,
+    setup: impl Future<Output = Result<T, ConnectError>>,
+) -> Result<T, ConnectError> {
+    match tokio::time::timeout(config.answer_timeout, setup).await {
+        Ok(r) => r,
+        Err(_) => Err(ConnectError::Unreachable {
+            address: config.address(),
+            reason: format!(
+                "no answer within {} ms (answer_timeout_ms)",
+                config.answer_timeout.as_millis()
+            ),
+        }),
     }
 }
 

@@ -13,7 +13,7 @@ use lapin::{Acker, BasicProperties, Channel, Consumer};
 use tokio::sync::Mutex;
 
 use crate::delay::RetryRoute;
-use crate::link::Link;
+use crate::link::{Link, within_answer_timeout};
 use crate::properties::{ATTEMPTS, attempts_made, message_of, republished};
 use crate::{AmqpConfig, ConnectError};
 
@@ -47,7 +47,12 @@ struct Live {
 }
 
 impl Live {
+    /// Connects and starts consuming, within the answer timeout.
     async fn open(config: &AmqpConfig) -> Result<Self, ConnectError> {
+        within_answer_timeout(config, Self::open_now(config)).await
+    }
+
+    async fn open_now(config: &AmqpConfig) -> Result<Self, ConnectError> {
         let link = Link::open(config, "consumer").await?;
         link.declare_work_queue().await?;
         link.dead_letter_queue().await?;
@@ -201,9 +206,9 @@ async fn count_redelivery(receipt: AmqpReceipt, body: Bytes) {
     let props = republished(&receipt.properties, &[(ATTEMPTS, &made)], None);
     let queue = receipt.link.config.queue().to_owned();
     let r = match receipt.link.publish(&queue, &body, props).await {
-        Ok(()) => ack(&receipt.acker).await,
+        Ok(()) => ack(&receipt).await,
         Err(e) => {
-            hand_back_later(&receipt.acker).await;
+            hand_back_later(&receipt).await;
             Err(SourceError::new("counting a redelivery", e))
         }
     };
@@ -212,8 +217,13 @@ async fn count_redelivery(receipt: AmqpReceipt, body: Bytes) {
     }
 }
 
-async fn ack(acker: &Acker) -> Result<(), SourceError> {
-    match acker.ack(BasicAckOptions::default()).await {
+async fn ack(receipt: &AmqpReceipt) -> Result<(), SourceError> {
+    let acked = receipt
+        .link
+        .answer("an ack", receipt.acker.ack(BasicAckOptions::default()))
+        .await
+        .map_err(|e| SourceError::new("acking a message", e))?;
+    match acked {
         Ok(true) => Ok(()),
         Ok(false) => Err(SourceError::new(
             "acking a message",
@@ -241,21 +251,21 @@ async fn move_to(
         ));
     }
     if let Err(e) = receipt.link.publish(queue, body, props).await {
-        hand_back_later(&receipt.acker).await;
+        hand_back_later(receipt).await;
         return Err(SourceError::new(
             format!("{what}: publishing to `{queue}`"),
             e,
         ));
     }
-    ack(&receipt.acker).await
+    ack(receipt).await
 }
 
 /// After a failed republish: gives the message back to the broker (which
 /// counts it as redelivered) rather than leaving it unacked for as long as
 /// the channel lives, after a pause so that a failure that persists does not
 /// make a hot loop.
-async fn hand_back_later(acker: &Acker) {
-    if !acker.usable() {
+async fn hand_back_later(receipt: &AmqpReceipt) {
+    if !receipt.acker.usable() {
         return;
     }
     tokio::time::sleep(HAND_BACK_PAUSE).await;
@@ -263,8 +273,14 @@ async fn hand_back_later(acker: &Acker) {
         requeue: true,
         ..BasicNackOptions::default()
     };
-    if let Err(e) = acker.nack(requeue).await {
-        tracing::debug!(error = %e, "handing back after a failed republish failed");
+    match receipt
+        .link
+        .answer("a nack", receipt.acker.nack(requeue))
+        .await
+    {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::debug!(error = %e, "handing back after a failed republish failed"),
+        Err(e) => tracing::debug!(error = %e, "handing back after a failed republish failed"),
     }
 }
 
@@ -279,7 +295,7 @@ async fn requeue(receipt: &AmqpReceipt, body: &[u8]) -> Result<(), SourceError> 
     let props = republished(&receipt.properties, &[(ATTEMPTS, &made)], None);
     let queue = receipt.link.config.queue();
     match receipt.link.publish(queue, body, props).await {
-        Ok(()) => ack(&receipt.acker).await,
+        Ok(()) => ack(receipt).await,
         // The broker marks it redelivered, which counts an attempt; better
         // than holding it, and no pause: this is a shutdown.
         Err(e) => {
@@ -288,8 +304,12 @@ async fn requeue(receipt: &AmqpReceipt, body: &[u8]) -> Result<(), SourceError> 
                 requeue: true,
                 ..BasicNackOptions::default()
             };
-            match receipt.acker.nack(requeue).await {
-                Ok(true) => Ok(()),
+            match receipt
+                .link
+                .answer("a nack", receipt.acker.nack(requeue))
+                .await
+            {
+                Ok(Ok(true)) => Ok(()),
                 _ => Err(SourceError::new("handing a message back", e)),
             }
         }
@@ -325,16 +345,29 @@ impl Source for AmqpSource {
         };
         let queue = self.inner.config.queue();
         let fail = |e: lapin::Error| SourceError::new(format!("reading the depth of `{queue}`"), e);
-        let channel = link.connection.create_channel().await.map_err(fail)?;
+        let what = format!("reading the depth of `{queue}`");
+        let unanswered = |reason: String| SourceError::new(what.clone(), reason);
+        let channel = link
+            .answer(&what, link.connection.create_channel())
+            .await
+            .map_err(unanswered)?
+            .map_err(fail)?;
         let passive = lapin::options::QueueDeclareOptions {
             passive: true,
             ..Default::default()
         };
-        let declared = channel
-            .queue_declare(queue.into(), passive, lapin::types::FieldTable::default())
+        let declared = link
+            .answer(
+                &what,
+                channel.queue_declare(queue.into(), passive, lapin::types::FieldTable::default()),
+            )
             .await;
-        let _ = channel.close(200, "OK".into()).await;
-        Ok(Some(u64::from(declared.map_err(fail)?.message_count())))
+        let _ = link
+            .answer("closing a channel", channel.close(200, "OK".into()))
+            .await;
+        Ok(Some(u64::from(
+            declared.map_err(unanswered)?.map_err(fail)?.message_count(),
+        )))
     }
 
     /// Waits up to half a second for a first message, then takes what else
@@ -382,7 +415,7 @@ impl Source for AmqpSource {
     }
 
     async fn ack(&self, delivery: Delivery<AmqpReceipt>) -> Result<(), SourceError> {
-        ack(&delivery.receipt.acker).await
+        ack(&delivery.receipt).await
     }
 
     /// Publishes a copy (body, properties, headers, `idem-attempts`) to the

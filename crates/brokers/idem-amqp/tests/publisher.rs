@@ -5,7 +5,9 @@ mod support;
 use idem_amqp::{AmqpConfig, AmqpPublisher, AmqpSource, ConnectError};
 use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
-use support::{Inspect, broker, config, message, unique};
+use std::time::{Duration, Instant};
+
+use support::{Inspect, Stall, broker, config, message, unique};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_confirmed_publish_carries_the_message_id_content_type_and_headers() {
@@ -133,6 +135,39 @@ async fn a_classic_dead_letter_queue_of_an_older_version_is_refused_with_how_to_
         text.contains("quorum") && text.contains("move its messages"),
         "{text}"
     );
+    inspect.delete(&queue).await;
+    inspect.close().await;
+}
+
+/// A link that stalls without closing (a frozen broker, a dead switch): a
+/// publish waits for its confirm at most the answer timeout and then fails,
+/// rather than hold its caller (and, in the source, the message and its
+/// permit) until the heartbeat notices a minute or more later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_on_a_stalled_link_fails_within_the_answer_timeout() {
+    let Some(url) = broker().await else { return };
+    let stall = Stall::before(&url).await;
+    let queue = unique("stalled");
+    let config = config(&stall.url, &queue).answer_timeout(Duration::from_secs(1));
+    let publisher = AmqpPublisher::connect(&config).await.unwrap();
+    publisher.publish(&message("before")).await.unwrap();
+    stall.stall();
+    let started = Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(20),
+        publisher.publish(&message("during")),
+    )
+    .await;
+    let e = r
+        .expect("the publish gave up by itself")
+        .expect_err("no confirm can come through a stalled link");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(e.to_string().contains("answer_timeout_ms"), "{e}");
+    let inspect = Inspect::new(&url).await;
     inspect.delete(&queue).await;
     inspect.close().await;
 }

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use idem_amqp::{AmqpConfig, AmqpPublisher};
@@ -19,6 +20,9 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -423,5 +427,68 @@ pub fn recording(
             .lock()
             .push((id.clone(), m.attempt, tokio::time::Instant::now()));
         std::future::ready(decide(&id, m.attempt))
+    }
+}
+
+/// A TCP proxy in front of the broker that can stall: stop passing bytes
+/// either way while every connection stays open, as a hung link (a dead
+/// switch, a frozen broker) does until the heartbeat notices.
+pub struct Stall {
+    /// The broker's URL through the proxy.
+    pub url: String,
+    stalled: Arc<AtomicBool>,
+}
+
+impl Stall {
+    /// A proxy in front of the broker at `url`.
+    pub async fn before(url: &str) -> Self {
+        let mut routed = url::Url::parse(url).expect("the broker URL parses");
+        let upstream = format!(
+            "{}:{}",
+            routed.host_str().expect("the broker URL has a host"),
+            routed.port().unwrap_or(5672)
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        routed
+            .set_port(Some(listener.local_addr().unwrap().port()))
+            .unwrap();
+        let stalled = Arc::new(AtomicBool::new(false));
+        let shared = stalled.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = TcpStream::connect(&upstream).await else {
+                    continue;
+                };
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::spawn(pump(client_read, server_write, shared.clone()));
+                tokio::spawn(pump(server_read, client_write, shared.clone()));
+            }
+        });
+        Self {
+            url: routed.to_string(),
+            stalled,
+        }
+    }
+
+    /// Stops passing bytes, for good.
+    pub fn stall(&self) {
+        self.stalled.store(true, Ordering::SeqCst);
+    }
+}
+
+async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, stalled: Arc<AtomicBool>) {
+    let mut buf = vec![0; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        while stalled.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
     }
 }
