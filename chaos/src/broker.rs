@@ -333,9 +333,11 @@ impl Channel {
 
     /// What the broker itself says is left at the end of a run, read with
     /// its own tools rather than idem's (`rabbitmqctl`, `XINFO GROUPS`, the
-    /// JetStream API): every message delivered and acknowledged, nothing
-    /// waiting, nothing unacknowledged. Answers the problems, or `None`
-    /// where this broker's end state is not read.
+    /// JetStream API, the Kafka group's committed offsets against each
+    /// partition's end, read with librdkafka): every message delivered and
+    /// acknowledged, nothing waiting, nothing unacknowledged. Answers the
+    /// problems, or `None` where this broker's end state is not read
+    /// (RocketMQ: no admin client is at hand).
     pub async fn leftovers(&self, broker: Broker) -> Result<Option<Vec<String>>, String> {
         let mut problems = Vec::new();
         match broker {
@@ -408,7 +410,21 @@ impl Channel {
                     ));
                 }
             }
-            Broker::Kafka | Broker::RocketMq | Broker::Proxy | Broker::Serve => return Ok(None),
+            Broker::Kafka => {
+                let (brokers, _) = kafka_parts(&self.from)?;
+                let config =
+                    idem_kafka::KafkaConfig::from_url(&self.from).map_err(|e| e.to_string())?;
+                let group = config.group().to_owned();
+                let mut topics = vec![config.topic().to_owned()];
+                topics.extend((0..).map_while(|level| config.retry_topic(level)));
+                let lag = tokio::task::spawn_blocking(move || {
+                    crate::kafka::group_lag(&brokers, &group, &topics)
+                })
+                .await
+                .map_err(|e| e.to_string())??;
+                problems.extend(lag);
+            }
+            Broker::RocketMq | Broker::Proxy | Broker::Serve => return Ok(None),
         }
         Ok(Some(problems))
     }
@@ -452,9 +468,10 @@ impl Channel {
     /// The keys of the dead letters the consumers wrote, read with the
     /// broker's own client where one is at hand (RabbitMQ with `lapin`,
     /// taking each; the Redis stream with `XRANGE`; the JetStream stream
-    /// message by message, all three leaving idem's code out), and with
-    /// idem's source for Kafka and RocketMQ. Waits up to `wait` for at
-    /// least `expected`.
+    /// message by message; the Kafka topic from its beginning with a plain
+    /// librdkafka consumer, all four leaving idem's code out), and with
+    /// idem's source for RocketMQ (no other client of it is at hand). Waits
+    /// up to `wait` for at least `expected`.
     pub async fn dead_letters(
         &self,
         broker: Broker,
@@ -489,16 +506,18 @@ impl Channel {
                     }
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 },
-                Broker::Kafka => {
-                    let config =
-                        idem_kafka::KafkaConfig::from_url(url).map_err(|e| e.to_string())?;
-                    let source = idem_kafka::KafkaSource::connect(config)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    let keys = drain(&source, expected, wait).await;
-                    source.close().await;
-                    keys
-                }
+                Broker::Kafka => loop {
+                    let (brokers, topic) = kafka_parts(url)?;
+                    let keys = tokio::task::spawn_blocking(move || {
+                        crate::kafka::read_all(&brokers, &topic, key_in)
+                    })
+                    .await
+                    .map_err(|e| e.to_string())??;
+                    if keys.len() >= expected || tokio::time::Instant::now() >= deadline {
+                        return Ok(keys);
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                },
                 Broker::RocketMq => {
                     let config =
                         idem_rocketmq::RocketMqConfig::from_url(url).map_err(|e| e.to_string())?;
@@ -543,6 +562,19 @@ async fn delete_queues(url: &str, queues: &[String]) {
         }
     }
     let _ = connection.close(0, "done".into()).await;
+}
+
+/// The brokers and the topic of a `kafka://BROKERS?topic=NAME&…` URL.
+fn kafka_parts(url: &str) -> Result<(String, String), String> {
+    let rest = url
+        .strip_prefix("kafka://")
+        .ok_or_else(|| format!("{url} is not a kafka:// URL"))?;
+    let (brokers, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let topic = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("topic="))
+        .ok_or_else(|| format!("{url} names no topic"))?;
+    Ok((brokers.to_owned(), topic.to_owned()))
 }
 
 /// The run's key in a message body, or what the body is instead.

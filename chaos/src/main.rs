@@ -21,6 +21,7 @@ mod fleet;
 mod gateway;
 mod inbox;
 mod judge;
+mod kafka;
 mod record;
 mod report;
 mod scenario;
