@@ -124,9 +124,11 @@ pub trait Source: Send + Sync + 'static {
 pub struct Capabilities {
     /// A retry handed to the broker uses up a delivery the broker counts
     /// itself (RocketMQ's reconsume times, NATS's delivery count): a retry
-    /// because another holder is working ([`RetryReason::Busy`]) then
-    /// waits in the runner, kept alive, instead of going to the broker, so
-    /// that only handler failures use up attempts.
+    /// because another holder is working ([`RetryReason::Busy`]) or the
+    /// store is unreachable ([`RetryReason::Unavailable`]) then waits in
+    /// the runner, kept alive, instead of going to the broker, so that only
+    /// handler failures use up attempts (a store outage never dead-letters
+    /// a message).
     pub busy_retry_uses_attempt: bool,
     /// The longest the broker lets a consumer hold one delivery without
     /// settling it, however often it is kept alive (RabbitMQ's consumer

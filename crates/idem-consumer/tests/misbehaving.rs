@@ -398,29 +398,13 @@ async fn a_busy_key_waits_in_place_where_the_broker_counts_retries() {
         .await
         .unwrap();
     assert!(matches!(held, Begin::Acquired(_)));
-    let calls = Arc::new(AtomicU32::new(0));
-    let handler = {
-        let calls = calls.clone();
-        move |_m: Message, _c: ClaimHandle| {
-            calls.fetch_add(1, Ordering::SeqCst);
-            std::future::ready(Ok::<_, HandlerError>(Bytes::new()))
-        }
-    };
+    let (calls, handler) = counting();
     let runner = Runner::new(Guard::new(store), broker.clone(), handler);
     let probe = queue.clone();
     let report = run_until(runner, move || probe.acked_count() == 1).await;
     assert_eq!(report.handled, 1, "{report:?}");
     assert!(report.retried_busy >= 1, "{report:?}");
-    assert!(
-        queue.retries().is_empty(),
-        "no retry went to the broker: {:?}",
-        queue.retries()
-    );
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    assert!(
-        broker.keep_alives_of("k") >= 3,
-        "kept alive while it waited"
-    );
+    waited_in_place(&queue, &broker, &calls);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -455,5 +439,67 @@ async fn a_retry_in_place_longer_than_the_broker_allows_goes_to_the_broker() {
         queue.retries(),
         vec![(Duration::from_millis(300), RetryReason::Failed)],
         "the 300 ms wait outlasts the 100 ms hold: retried at the broker"
+    );
+}
+
+/// Where the broker counts every retry (NATS, RocketMQ), a store that
+/// cannot be reached for a while makes the message wait in place, kept
+/// alive: no retry goes to the broker, so an outage longer than the
+/// attempts' backoff never uses them up and dead-letters the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_waits_in_place_where_the_broker_counts_retries() {
+    let queue = MemorySource::new("orders");
+    queue.push(message("k", "x"));
+    let mut broker = Broker::new(&queue);
+    broker.capabilities = Capabilities::default().busy_retry_uses_attempt(true);
+    broker.keep_alive_every = Some(Duration::from_millis(20));
+    let store = idem_testkit::faults::Switchable::new(MemoryStore::new());
+    store.set_down(true);
+    let back = store.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        back.set_down(false);
+    });
+    let (calls, handler) = counting();
+    let runner = Runner::new(Guard::new(store), broker.clone(), handler)
+        .max_attempts(2)
+        .backoff(Backoff {
+            initial: Duration::from_millis(150),
+            max: Duration::from_millis(150),
+            jitter: 0.0,
+        });
+    let probe = queue.clone();
+    let report = run_until(runner, move || probe.acked_count() == 1).await;
+    assert_eq!(report.handled, 1, "{report:?}");
+    assert_eq!(report.dead_lettered, 0, "{report:?}");
+    waited_in_place(&queue, &broker, &calls);
+}
+
+/// What a handler that succeeds at once answers.
+type Answer = std::future::Ready<Result<Bytes, HandlerError>>;
+
+/// A handler that counts its calls and succeeds.
+fn counting() -> (Arc<AtomicU32>, impl Fn(Message, ClaimHandle) -> Answer) {
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = calls.clone();
+    let handler = move |_m: Message, _c: ClaimHandle| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok::<_, HandlerError>(Bytes::new()))
+    };
+    (calls, handler)
+}
+
+/// Message `k` waited in the runner, kept alive, and ran once: no retry
+/// went to the broker.
+fn waited_in_place(queue: &MemorySource, broker: &Broker, calls: &AtomicU32) {
+    assert!(
+        queue.retries().is_empty(),
+        "no retry went to the broker: {:?}",
+        queue.retries()
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(
+        broker.keep_alives_of("k") >= 3,
+        "kept alive while it waited"
     );
 }

@@ -45,13 +45,13 @@ const PULL_SILENCE: Duration = Duration::from_secs(6);
 ///
 /// **Attempts.** [`Message::attempt`] is the server's delivery count for the
 /// message. NATS cannot carry a count of its own on a nak, so every
-/// delivery counts: a retry while the store was unreachable uses up an
-/// attempt as a handler failure does (a hand-back at shutdown may too,
-/// unless the server rolls back the delivery of the last message it sent).
-/// A busy retry (another consumer holds the key) does not: the source says
-/// so ([`Capabilities::busy_retry_uses_attempt`]), and the runner holds the
-/// message, kept alive with `+WPI`, until the key is free, instead of
-/// naking it. A delivery that died with its consumer counts, so a message
+/// delivery counts (a hand-back at shutdown may too, unless the server
+/// rolls back the delivery of the last message it sent). A busy retry
+/// (another consumer holds the key) and a retry while the store is
+/// unreachable therefore do not go to the server: the source says so
+/// ([`Capabilities::busy_retry_uses_attempt`]), and the runner holds the
+/// message, kept alive with `+WPI`, until the key is free or the store
+/// answers, instead of naking it; only handler failures use up attempts. A delivery that died with its consumer counts, so a message
 /// that kills the process is dead-lettered eventually.
 ///
 /// **Dead letters** keep the body and headers, add `idem-key`,

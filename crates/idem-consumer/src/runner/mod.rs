@@ -61,10 +61,11 @@ use crate::{Backoff, Capabilities, DeadLetter, Delivery, Handler, KeyFrom, Sourc
 ///   message of an [`ordered`](Runner::ordered) lane waits in place, its
 ///   lane is paused at the source ([`Source::pause_lane`]), so other lanes
 ///   keep the runner's whole room.
-/// - **Busy keys**: where a broker counts every retry against a delivery
-///   limit of its own ([`Capabilities::busy_retry_uses_attempt`]), a
-///   message whose key another consumer holds waits in place, kept alive,
-///   rather than using up that limit.
+/// - **Busy keys and store outages**: where a broker counts every retry
+///   against a delivery limit of its own
+///   ([`Capabilities::busy_retry_uses_attempt`]), a message whose key
+///   another consumer holds, or whose store cannot be reached, waits in
+///   place, kept alive, rather than using up that limit.
 /// - **Misconfigured handler** ([`HandlerError::pause`](crate::HandlerError::pause)):
 ///   consumption pauses with backoff, the message waits without counting an
 ///   attempt, and [`Readiness`] reports not ready until a call succeeds.

@@ -109,7 +109,7 @@ where
         let (reason, delay) = match action {
             Action::Retry { reason, delay }
                 if self.retry_in_place
-                    || (reason == RetryReason::Busy
+                    || (matches!(reason, RetryReason::Busy | RetryReason::Unavailable)
                         && self.capabilities.busy_retry_uses_attempt) =>
             {
                 (reason, delay)
