@@ -248,8 +248,11 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
     let settled = failure.is_none() && timed_out.is_none();
     // The final copy of every key: a completed record answers each
     // without a call, so any call now shows a record the store forgot,
-    // whatever the explanations say. (Not the poison keys: a dead-lettered
-    // key is released, as docs/contract.md says, and its copy runs again.)
+    // whatever the explanations say. The poison keys too: the runner
+    // records a key it dead-lettered as such, so their copies are acked
+    // as duplicates, neither run nor parked again (docs/contract.md §2).
+    // Not with the inbox runner, which claims nothing: a copy runs its
+    // handler, which refuses it again.
     let replayed = if settled {
         // First every delivery the broker still holds is settled (a
         // killed consumer's messages come back after the broker's
@@ -258,9 +261,10 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
         at("waiting for the broker to settle");
         let _ = leftovers(&channel, spec.broker).await;
         at("publishing the final copy of every key");
+        let claims = spec.runner != RunnerKind::Inbox;
         let done: Vec<String> = keys
             .iter()
-            .filter(|k| !poison.iter().any(|(p, _)| p == *k))
+            .filter(|k| claims || !poison.iter().any(|(p, _)| p == *k))
             .cloned()
             .collect();
         Some(replay(&channel, &done, &sink).await)

@@ -29,6 +29,22 @@ pub const PARKED_AT_HEADER: &str = "idem-dead-lettered-at";
 /// The header a replayed message carries: where it was parked.
 pub const REPLAYED_FROM_HEADER: &str = "idem-replayed-from";
 
+/// The outcome the runner stores for a key whose message it dead-lettered
+/// after the handler failed: a later copy of the message is then acked as
+/// a duplicate (its dead letter is parked already) instead of running and
+/// being parked again, for the guard's retention. A copy replayed by an
+/// operator (it carries [`REPLAYED_FROM_HEADER`]) reopens the key
+/// ([`Store::reopen`](idem_core::Store::reopen)) and runs. It starts with
+/// the byte `0xff`, which no UTF-8 text holds, so no text outcome of a
+/// handler is ever taken for it.
+pub const DEAD_LETTERED: &[u8] = b"\xffidem:dead-lettered";
+
+/// Whether `outcome` is the one the runner stores for a dead-lettered key
+/// ([`DEAD_LETTERED`]).
+pub fn is_dead_lettered(outcome: Option<&[u8]>) -> bool {
+    outcome == Some(DEAD_LETTERED)
+}
+
 /// One dead letter, as its queue holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Parked {

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use idem_consumer::dlq::{REPLAYED_FROM_HEADER, is_dead_lettered};
 use idem_consumer::{Backoff, HandlerError, KeyFrom, MemorySource, Message, RetryReason, Runner};
-use idem_core::{Begin, Bytes, ClaimHandle, Guard, Key, Lease, MemoryStore, Store};
+use idem_core::{Begin, Bytes, ClaimHandle, Guard, Key, Lease, MemoryStore, Record, Store};
 use idem_testkit::faults::Switchable;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
@@ -180,12 +181,101 @@ async fn a_handler_that_always_fails_is_dead_lettered_after_max_attempts() {
     assert_eq!(why.attempts, 4);
     assert!(why.last_error.contains("database is down"), "{why:?}");
     assert_eq!(source.unsettled(), 0);
-    // The claim was released: the key is not stuck.
+    // The key is not stuck: it is recorded as dead-lettered.
     let key = Key::new("orders", "poison").unwrap();
-    assert!(matches!(
-        store.begin(&key, None, Lease::from_secs(1)).await.unwrap(),
-        Begin::Acquired(_)
+    match store.get(&key).await.unwrap() {
+        Some(Record::Completed(c)) => assert!(is_dead_lettered(c.outcome.as_deref()), "{c:?}"),
+        other => panic!("expected the dead-lettered record, got {other:?}"),
+    }
+}
+
+/// A replayed dead letter: the header `idem dlq replay` puts on it.
+fn replayed(id: &str) -> Message {
+    let mut m = message(id);
+    m.headers.push((
+        REPLAYED_FROM_HEADER.into(),
+        Bytes::from("orders.dead-letter/1"),
     ));
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_lettered_key_acks_its_copies_until_its_dead_letter_is_replayed() {
+    let source = MemorySource::new("orders");
+    source.push(message("refused"));
+    let broken = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let calls = Arc::new(AtomicU32::new(0));
+    let handler = {
+        let (broken, calls) = (broken.clone(), calls.clone());
+        move |_m: Message, _c: ClaimHandle| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let broken = broken.load(Ordering::SeqCst);
+            async move {
+                if broken {
+                    Err(HandlerError::permanent("a bug in the handler"))
+                } else {
+                    Ok(Bytes::from_static(b"shipped"))
+                }
+            }
+        }
+    };
+    let store = MemoryStore::new();
+    let runner = |h| Runner::new(Guard::new(store.clone()), source.clone(), h).backoff(quick());
+    let probe = source.clone();
+    let report = run_until(runner(handler.clone()), move || {
+        probe.dead_letters().len() == 1
+    })
+    .await;
+    assert_eq!((report.dead_lettered, calls.load(Ordering::SeqCst)), (1, 1));
+
+    // The bug is fixed, and the producer sends the message again: a copy,
+    // acked without a call and not parked again.
+    broken.store(false, Ordering::SeqCst);
+    source.push(message("refused"));
+    let probe = source.clone();
+    let report = run_until(runner(handler.clone()), move || probe.acked().len() == 1).await;
+    assert_eq!((report.duplicates, report.handled), (1, 0));
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "a copy never runs");
+    assert_eq!(source.dead_letters().len(), 1, "nor is it parked again");
+
+    // The operator replays the dead letter: it reopens the key and runs,
+    // and a second replay of it is a duplicate.
+    source.push(replayed("refused"));
+    source.push(replayed("refused"));
+    let probe = source.clone();
+    let report = run_until(runner(handler.clone()), move || probe.acked().len() == 3).await;
+    assert_eq!((report.handled, report.duplicates), (1, 1), "{report:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "the replay ran once");
+    let key = Key::new("orders", "refused").unwrap();
+    match store.get(&key).await.unwrap() {
+        Some(Record::Completed(c)) => assert_eq!(c.outcome, Some(Bytes::from("shipped"))),
+        other => panic!("expected the replay's outcome, got {other:?}"),
+    }
+    assert_eq!(source.dead_letters().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_remembering_dead_letters_a_copy_runs_again() {
+    let source = MemorySource::new("orders");
+    source.push(message("refused"));
+    let calls = Arc::new(AtomicU32::new(0));
+    let handler = {
+        let calls = calls.clone();
+        move |_m: Message, _c: ClaimHandle| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { Err::<Bytes, _>(HandlerError::permanent("refused")) }
+        }
+    };
+    let store = MemoryStore::new();
+    let runner = Runner::new(Guard::new(store.clone()), source.clone(), handler)
+        .remember_dead_letters(false);
+    let probe = source.clone();
+    source.push(message("refused"));
+    let report = run_until(runner, move || probe.dead_letters().len() == 2).await;
+    assert_eq!(report.dead_lettered, 2);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    let key = Key::new("orders", "refused").unwrap();
+    assert_eq!(store.get(&key).await.unwrap(), None, "the key is left free");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -65,6 +65,20 @@ pub trait Store: Send + Sync + 'static {
         token: FencingToken,
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
 
+    /// Deletes the record if it is `completed` by `token` and still within
+    /// its retention, so that the key runs again on its next `begin`;
+    /// otherwise `Stale` and nothing changes. The key's token counter is
+    /// kept, as by `release`. Because a key's tokens only grow, a caller
+    /// that read the record (with [`get`](Store::get)) and decided from its
+    /// outcome reopens exactly that completion, never a later one. The
+    /// consumer runner reopens a key it recorded as dead-lettered when an
+    /// operator replays the dead letter (docs/contract.md §2).
+    fn reopen(
+        &self,
+        key: &Key,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+
     /// Pushes the lease out to `lease` from now if `token` owns the key, and
     /// returns the new expiry; otherwise `Stale`.
     fn extend(
@@ -129,6 +143,11 @@ pub trait DynStore: Send + Sync + 'static {
         key: &'a Key,
         token: FencingToken,
     ) -> BoxFuture<'a, Result<Fenced, StoreError>>;
+    fn reopen<'a>(
+        &'a self,
+        key: &'a Key,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>>;
     fn extend<'a>(
         &'a self,
         key: &'a Key,
@@ -172,6 +191,13 @@ impl<S: Store> DynStore for S {
         token: FencingToken,
     ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
         Box::pin(Store::release(self, key, token))
+    }
+    fn reopen<'a>(
+        &'a self,
+        key: &'a Key,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(Store::reopen(self, key, token))
     }
     fn extend<'a>(
         &'a self,
@@ -226,6 +252,9 @@ impl Store for dyn DynStore {
     }
     async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
         DynStore::release(self, key, token).await
+    }
+    async fn reopen(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
+        DynStore::reopen(self, key, token).await
     }
     async fn extend(
         &self,

@@ -6,7 +6,9 @@
 //! `idem-attempts` is dropped). With `--store`, each one's key is checked
 //! first: a key whose work completed since stays parked (replaying it
 //! would only ack a duplicate), and one held by a live claim is replayed
-//! (the runner waits for the holder). Everything printed that came from
+//! (the runner waits for the holder). A key the runner recorded as
+//! dead-lettered when it parked the message is replayed: the copy, marked
+//! `idem-replayed-from`, reopens it and runs. Everything printed that came from
 //! the broker is escaped.
 
 use std::sync::{Arc, Mutex};
@@ -15,7 +17,7 @@ use std::time::{Duration, SystemTime};
 use clap::{Args, Subcommand};
 use futures_util::FutureExt as _;
 use idem_consumer::SourceError;
-use idem_consumer::dlq::{DeadLetterQueue, Parked, Selection};
+use idem_consumer::dlq::{DeadLetterQueue, Parked, Selection, is_dead_lettered};
 use idem_core::{Clock as _, Key, Record, Store as _, SystemClock};
 use serde_json::{Value, json};
 
@@ -402,6 +404,11 @@ async fn replay(args: ReplayArgs) -> Result<(), Failure> {
             };
             let (records, description) = store;
             match records.get(&key).await {
+                // Recorded as dead-lettered when it was parked: the replayed
+                // copy reopens the key and runs.
+                Ok(Some(Record::Completed(c))) if is_dead_lettered(c.outcome.as_deref()) => {
+                    Ok(true)
+                }
                 Ok(Some(Record::Completed(c))) => {
                     let ago = age(SystemClock.now().since(c.completed_at));
                     skipped.lock().expect("not poisoned").push((

@@ -57,6 +57,8 @@ pub enum Operation {
     Release,
     /// `extend` by the holder.
     Extend,
+    /// `reopen` of a completion, by its token.
+    Reopen,
     /// `begin_many` of fresh keys.
     BeginMany,
     /// `complete_many` by the holders.
@@ -65,11 +67,12 @@ pub enum Operation {
 
 impl Operation {
     /// Every operation.
-    pub const ALL: [Operation; 6] = [
+    pub const ALL: [Operation; 7] = [
         Operation::Begin,
         Operation::Complete,
         Operation::Release,
         Operation::Extend,
+        Operation::Reopen,
         Operation::BeginMany,
         Operation::CompleteMany,
     ];
@@ -184,6 +187,27 @@ pub async fn drop_and_check<S: Store + Clone>(
                 done.iter().all(|r| *r == Fenced::Ok(())),
                 "{when}: {done:?}"
             );
+        }
+        Operation::Reopen => {
+            let claims = begin_all().await;
+            let first = completes(&claims);
+            let done = store.complete_many(&first).await.unwrap();
+            assert!(done.iter().all(|r| *r == Fenced::Ok(())), "{when}");
+            point.run(store.reopen(&keys[0], claims[0].token)).await;
+            // Reopened, or still completed: the retry settles it.
+            let again = store.reopen(&keys[0], claims[0].token).await.unwrap();
+            assert!(
+                again == Fenced::Ok(()) || store.get(&keys[0]).await.unwrap().is_none(),
+                "{when}: a retried reopen finds the completion or nothing, got {again:?}"
+            );
+            assert_eq!(store.get(&keys[0]).await.unwrap(), None, "{when}");
+            let rerun = acquired(store.begin(&keys[0], None, lease).await.unwrap());
+            assert!(
+                rerun.token > claims[0].token,
+                "{when}: tokens go on growing"
+            );
+            let done = store.complete_many(&completes(&[rerun])).await.unwrap();
+            assert_eq!(done, vec![Fenced::Ok(())], "{when}");
         }
         Operation::Extend => {
             let claims = begin_all().await;

@@ -423,6 +423,72 @@ pub async fn release_lets_a_redelivery_run_again<S: Store + Clone>(s: &Subject<S
     assert_eq!(again.attempt, 1);
 }
 
+/// `reopen` deletes a completion by its own token only, live only, once
+/// only, so the key runs again with a larger token; it never touches a
+/// claim in progress or a later completion of the key.
+pub async fn reopen_lets_a_completed_key_run_again<S: Store + Clone>(s: &Subject<S>) {
+    let key = s.key("reopen");
+    let first = acquired(begin(s, &key, None, 10).await);
+    assert_eq!(
+        s.store.reopen(&key, first.token).await.unwrap(),
+        Fenced::Stale,
+        "a claim in progress is not a completion"
+    );
+    assert!(matches!(get(s, &key).await, Some(Record::InProgress(_))));
+    assert_eq!(
+        complete(s, &key, first.token, Some("dead")).await,
+        Fenced::Ok(())
+    );
+    let forged = FencingToken::new(first.token.get() + 1);
+    assert_eq!(s.store.reopen(&key, forged).await.unwrap(), Fenced::Stale);
+    assert!(matches!(
+        begin(s, &key, None, 10).await,
+        Begin::Completed { .. }
+    ));
+    // Two at once: exactly one reopens.
+    let (a, b) = tokio::join!(
+        s.store.reopen(&key, first.token),
+        s.store.reopen(&key, first.token)
+    );
+    let reopened = [a.unwrap(), b.unwrap()];
+    assert_eq!(
+        reopened.iter().filter(|r| **r == Fenced::Ok(())).count(),
+        1,
+        "{reopened:?}"
+    );
+    assert_eq!(get(s, &key).await, None);
+    let again = acquired(begin(s, &key, None, 10).await);
+    assert!(again.token > first.token);
+    assert_eq!(again.attempt, 1);
+    assert_eq!(
+        complete(s, &key, again.token, Some("done")).await,
+        Fenced::Ok(())
+    );
+    assert_eq!(
+        s.store.reopen(&key, first.token).await.unwrap(),
+        Fenced::Stale,
+        "an old token never reopens a later completion"
+    );
+    match begin(s, &key, None, 10).await {
+        Begin::Completed { outcome, .. } => assert_eq!(outcome, Some(Bytes::from("done"))),
+        other => panic!("expected the later completion, got {other:?}"),
+    }
+    // A completion past its retention is gone: nothing to reopen.
+    let short = s.key("reopen-expired");
+    let claim = acquired(begin(s, &short, None, 10).await);
+    let done = s
+        .store
+        .complete(&short, claim.token, None, s.steps(2))
+        .await
+        .unwrap();
+    assert_eq!(done, Fenced::Ok(()));
+    s.pass(3).await;
+    assert_eq!(
+        s.store.reopen(&short, claim.token).await.unwrap(),
+        Fenced::Stale
+    );
+}
+
 /// Fencing tokens of one key strictly increase across release, takeover and
 /// retention expiry.
 pub async fn tokens_increase_across_release_takeover_and_expiry<S: Store + Clone>(s: &Subject<S>) {

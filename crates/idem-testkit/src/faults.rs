@@ -128,6 +128,10 @@ impl<S: Store> StoreWrapper for Switchable<S> {
         self.check()?;
         self.inner.release(key, token).await
     }
+    async fn reopen(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
+        self.check()?;
+        self.inner.reopen(key, token).await
+    }
     async fn extend(
         &self,
         key: &Key,

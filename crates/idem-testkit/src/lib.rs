@@ -177,6 +177,7 @@ macro_rules! conformance_tests {
             completed_record_refuses_other_tokens,
             complete_retried_by_its_token_is_ok,
             release_lets_a_redelivery_run_again,
+            reopen_lets_a_completed_key_run_again,
             tokens_increase_across_release_takeover_and_expiry,
             extend_pushes_the_lease_out,
             completed_record_expires_after_retention,

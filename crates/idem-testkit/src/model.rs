@@ -49,6 +49,13 @@ pub enum Op {
         /// Token pick.
         token: u8,
     },
+    /// `reopen`.
+    Reopen {
+        /// Key index.
+        key: u8,
+        /// Token pick.
+        token: u8,
+    },
     /// `extend`.
     Extend {
         /// Key index.
@@ -75,6 +82,7 @@ fn op_strategy(time_moves: bool) -> impl Strategy<Value = Op> {
         2 => (key.clone(), any::<u8>(), proptest::option::of(0..3u8), 1..8u8)
             .prop_map(|(key, token, outcome, retention)| Op::Complete { key, token, outcome, retention }),
         1 => (key.clone(), any::<u8>()).prop_map(|(key, token)| Op::Release { key, token }),
+        1 => (key.clone(), any::<u8>()).prop_map(|(key, token)| Op::Reopen { key, token }),
         1 => (key.clone(), any::<u8>(), 1..6u8).prop_map(|(key, token, lease)| Op::Extend { key, token, lease }),
         1 => key.prop_map(|key| Op::Get { key }),
     ];
@@ -233,6 +241,14 @@ impl Model {
                 self.records.remove(&key);
                 Answer::Fenced(None)
             }
+            Op::Reopen { key, .. } => {
+                if !matches!(self.live(key), Some(ModelRecord::Completed { token: t, .. }) if *t == token)
+                {
+                    return Answer::Stale;
+                }
+                self.records.remove(&key);
+                Answer::Fenced(None)
+            }
             Op::Extend { key, lease, .. } => {
                 if !self.owned(key, token) {
                     return Answer::Stale;
@@ -303,6 +319,7 @@ async fn run_case<S: Store + Clone>(s: &Subject<S>, ops: &[Op]) -> Result<(), Te
         let (token_idx, token) = match *op {
             Op::Complete { key, token, .. }
             | Op::Release { key, token }
+            | Op::Reopen { key, token }
             | Op::Extend { key, token, .. } => pick(key, token),
             _ => (usize::MAX, never_issued),
         };
@@ -364,6 +381,13 @@ async fn run_case<S: Store + Clone>(s: &Subject<S>, ops: &[Op]) -> Result<(), Te
             }
             Op::Release { key: k, .. } => {
                 let got = s.store.release(&key(k), token).await;
+                fenced(
+                    got.map_err(|e| TestCaseError::fail(e.to_string()))?
+                        .map(|()| None),
+                )
+            }
+            Op::Reopen { key: k, .. } => {
+                let got = s.store.reopen(&key(k), token).await;
                 fenced(
                     got.map_err(|e| TestCaseError::fail(e.to_string()))?
                         .map(|()| None),

@@ -90,6 +90,7 @@ pub struct Runner<S, Src, H> {
     ordered: bool,
     retry_in_place: bool,
     fingerprint: bool,
+    remember_dead_letters: bool,
     grace: Duration,
     linger: Duration,
     completion_linger: Duration,
@@ -119,6 +120,7 @@ where
             ordered: false,
             retry_in_place: false,
             fingerprint: false,
+            remember_dead_letters: true,
             grace: Duration::from_secs(30),
             linger: Duration::from_millis(1),
             completion_linger: DEFAULT_COMPLETION_LINGER,
@@ -200,6 +202,19 @@ where
         self
     }
 
+    /// Record the key of each message dead-lettered because its handler
+    /// failed (for good, or on its last attempt) as dead-lettered (default:
+    /// yes), with the outcome [`DEAD_LETTERED`](crate::dlq::DEAD_LETTERED)
+    /// and the guard's retention: a later copy of the message is acked as a
+    /// duplicate instead of running and being parked again, and its dead
+    /// letter, replayed with `idem dlq replay`, reopens the key and runs.
+    /// With `false`, the key is left free: every copy runs the handler
+    /// again.
+    pub fn remember_dead_letters(mut self, yes: bool) -> Self {
+        self.remember_dead_letters = yes;
+        self
+    }
+
     /// Under load, how long to wait for half a batch of room before
     /// fetching (default 1 ms; zero fetches as soon as there is room for
     /// one). Larger batches mean fewer broker and store round trips.
@@ -271,6 +286,7 @@ where
             ordered: self.ordered,
             retry_in_place: self.retry_in_place,
             fingerprint: self.fingerprint,
+            remembers_dead_letters: self.claims && self.remember_dead_letters,
             groups: Mutex::new(HashMap::new()),
             shutdown: shutdown.clone(),
             hard_stop: CancellationToken::new(),
@@ -577,6 +593,9 @@ struct Shared<S, Src: Source, H> {
     /// Retries wait in the runner ([`Runner::retry_in_place`]).
     retry_in_place: bool,
     fingerprint: bool,
+    /// Whether a dead-lettered key is recorded as such
+    /// ([`Runner::remember_dead_letters`]; never without claims).
+    remembers_dead_letters: bool,
     /// Groups with a message being handled, and the messages waiting behind
     /// it.
     groups: Mutex<HashMap<Bytes, VecDeque<Parked<Src::Receipt>>>>,

@@ -8,12 +8,15 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tracing::Instrument as _;
 
-use idem_core::{Begin, Claim, ClaimHandle, GuardError, Key, Raw, Store, StoreError};
+use idem_core::{
+    Begin, Claim, ClaimHandle, Fenced, Fingerprint, GuardError, Key, Raw, Record, Store, StoreError,
+};
 use tokio::time::Instant;
 
 use super::Shared;
 use super::tally::Settled;
 use crate::copy::header_text;
+use crate::dlq::{DEAD_LETTERED, REPLAYED_FROM_HEADER, is_dead_lettered};
 use crate::{DeadLetter, Delivery, Handler, HandlerError, RetryReason, Source};
 
 /// Busy retries wait at least this long, so an almost expired lease does not
@@ -29,7 +32,12 @@ enum Action {
         reason: RetryReason,
         delay: Duration,
     },
-    DeadLetter(String),
+    /// Park the message; `remember`: the handler failed for good, so the
+    /// key is recorded as dead-lettered once the dead letter is parked.
+    DeadLetter {
+        error: String,
+        remember: bool,
+    },
     Requeue,
     /// The handler cannot take messages now: pause, hold the message and
     /// run it again, no attempt counted.
@@ -43,7 +51,7 @@ impl Action {
             Action::Ack { duplicate: false } => "ack",
             Action::Ack { duplicate: true } => "ack_duplicate",
             Action::Retry { .. } => "retry",
-            Action::DeadLetter(_) => "dead_letter",
+            Action::DeadLetter { .. } => "dead_letter",
             Action::Requeue => "requeue",
             Action::Pause(_) => "pause",
         }
@@ -213,15 +221,40 @@ where
         sent: Instant,
     ) -> Action {
         let attempt = delivery.message.attempt.max(1);
+        let replayed = delivery.message.header(REPLAYED_FROM_HEADER).is_some();
+        let begun = match begun {
+            Ok(Begin::Completed { outcome, .. })
+                if replayed && is_dead_lettered(outcome.as_deref()) =>
+            {
+                self.reopen_dead_lettered(delivery, key).await
+            }
+            other => other,
+        };
         match begun {
-            Ok(Begin::Completed { .. }) => Action::Ack { duplicate: true },
+            // Reopened by another copy and parked again at once, or brought
+            // back by a late import: the next delivery tries again.
+            Ok(Begin::Completed { outcome, .. })
+                if replayed && is_dead_lettered(outcome.as_deref()) =>
+            {
+                Action::Retry {
+                    reason: RetryReason::Busy,
+                    delay: self.backoff.delay(attempt),
+                }
+            }
+            Ok(Begin::Completed { outcome, .. }) => {
+                if is_dead_lettered(outcome.as_deref()) {
+                    tracing::debug!(%key, "a copy of a dead-lettered message: acked, its dead letter stays parked");
+                }
+                Action::Ack { duplicate: true }
+            }
             Ok(Begin::InProgress { retry_after }) => Action::Retry {
                 reason: RetryReason::Busy,
                 delay: retry_after.max(MIN_BUSY_DELAY) + retry_after.mul_f64(0.1 * fastrand::f64()),
             },
-            Ok(Begin::Mismatch) => Action::DeadLetter(
-                "fingerprint mismatch: this key was used before for a different body".into(),
-            ),
+            Ok(Begin::Mismatch) => Action::DeadLetter {
+                error: "fingerprint mismatch: this key was used before for a different body".into(),
+                remember: false,
+            },
             Ok(Begin::Acquired(claim)) if attempt > self.max_attempts => {
                 self.release(key, &claim).await;
                 self.exhausted(attempt)
@@ -235,7 +268,66 @@ where
                 reason: RetryReason::Unavailable,
                 delay: self.backoff.delay(attempt),
             },
-            Err(e) => Action::DeadLetter(e.to_string()),
+            Err(e) => Action::DeadLetter {
+                error: e.to_string(),
+                remember: false,
+            },
+        }
+    }
+
+    /// A replayed dead letter whose key the runner recorded as
+    /// dead-lettered: reopens that record (by its token, so never a later
+    /// completion) and claims the key again; answers the new `begin`.
+    async fn reopen_dead_lettered(
+        &self,
+        delivery: &Delivery<Src::Receipt>,
+        key: &Key,
+    ) -> Result<Begin, Arc<StoreError>> {
+        let store = self.guard.store();
+        if let Some(Record::Completed(c)) = store.get(key).await.map_err(Arc::new)?
+            && is_dead_lettered(c.outcome.as_deref())
+            && !store
+                .reopen(key, c.token)
+                .await
+                .map_err(Arc::new)?
+                .is_stale()
+        {
+            tracing::info!(%key, "a replayed dead letter reopened its key");
+        }
+        store
+            .begin(
+                key,
+                self.fingerprint_of(delivery),
+                self.guard.lease_length(),
+            )
+            .await
+            .map_err(Arc::new)
+    }
+
+    /// Records `key` as dead-lettered (see [`DEAD_LETTERED`]) after its
+    /// dead letter was parked: claims it and completes it with that
+    /// outcome. A key held or settled meanwhile by another delivery is left
+    /// to it; a failure is logged, and a later copy then runs again.
+    async fn remember_dead_letter(&self, key: &Key, fingerprint: Option<Fingerprint>) {
+        let store = self.guard.store();
+        let claim = match store
+            .begin(key, fingerprint, self.guard.lease_length())
+            .await
+        {
+            Ok(Begin::Acquired(claim)) => claim,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(%key, error = %e, "recording the key as dead-lettered failed; a later copy of the message runs again");
+                return;
+            }
+        };
+        let outcome = Some(bytes::Bytes::from_static(DEAD_LETTERED));
+        let stored = store
+            .complete(key, claim.token, outcome, self.guard.retention_length())
+            .await;
+        if !matches!(stored, Ok(Fenced::Ok(()))) {
+            tracing::warn!(%key, answer = ?stored, "recording the key as dead-lettered failed; a later copy of the message runs again");
+            let _ = store.release(key, claim.token).await;
         }
     }
 
@@ -288,10 +380,13 @@ where
     /// A message delivered past the attempt limit: dead-lettered without
     /// running.
     fn exhausted(&self, attempt: u32) -> Action {
-        Action::DeadLetter(format!(
-            "delivered for attempt {attempt} without finishing; the limit is {} attempts",
-            self.max_attempts
-        ))
+        Action::DeadLetter {
+            error: format!(
+                "delivered for attempt {attempt} without finishing; the limit is {} attempts",
+                self.max_attempts
+            ),
+            remember: true,
+        }
     }
 
     /// Runs the handler under the claim; renews the broker's redelivery
@@ -384,10 +479,14 @@ where
                 Action::Ack { duplicate: false }
             }
             Err(GuardError::Handler(e)) if e.is_pause() => Action::Pause(e.to_string()),
-            Err(GuardError::Handler(e)) if e.is_permanent() => Action::DeadLetter(e.to_string()),
-            Err(GuardError::Handler(e)) if attempt >= self.max_attempts => {
-                Action::DeadLetter(format!("{e} (attempt {attempt} of {})", self.max_attempts))
-            }
+            Err(GuardError::Handler(e)) if e.is_permanent() => Action::DeadLetter {
+                error: e.to_string(),
+                remember: true,
+            },
+            Err(GuardError::Handler(e)) if attempt >= self.max_attempts => Action::DeadLetter {
+                error: format!("{e} (attempt {attempt} of {})", self.max_attempts),
+                remember: true,
+            },
             Err(GuardError::Handler(e)) => Action::Retry {
                 reason: RetryReason::Failed,
                 delay: e
@@ -410,7 +509,10 @@ where
                     .delay(attempt)
                     .max(self.guard.lease_length().duration()),
             },
-            Err(e) => Action::DeadLetter(e.to_string()),
+            Err(e) => Action::DeadLetter {
+                error: e.to_string(),
+                remember: false,
+            },
         }
     }
 
@@ -463,13 +565,21 @@ where
                     self.source.retry(delivery, delay, reason).await,
                 )
             }
-            Action::DeadLetter(last_error) => {
+            Action::DeadLetter {
+                error: last_error,
+                remember,
+            } => {
                 let why = DeadLetter {
                     key: Some(String::from_utf8_lossy(key.bytes()).into_owned()),
                     attempts: delivery.message.attempt.max(1),
                     last_error,
                 };
-                return self.dead_letter(delivery, why).await;
+                let fingerprint = self.fingerprint_of(&delivery);
+                if self.dead_letter(delivery, why).await && remember && self.remembers_dead_letters
+                {
+                    self.remember_dead_letter(key, fingerprint).await;
+                }
+                return;
             }
             Action::Requeue => return self.requeue(delivery).await,
             // `wait_in_place` turns every pause into a wait or a retry.
@@ -478,7 +588,12 @@ where
         self.count(settled, result);
     }
 
-    pub(super) async fn dead_letter(&self, delivery: Delivery<Src::Receipt>, why: DeadLetter) {
+    /// Parks the message; answers whether the broker took the dead letter.
+    pub(super) async fn dead_letter(
+        &self,
+        delivery: Delivery<Src::Receipt>,
+        why: DeadLetter,
+    ) -> bool {
         tracing::warn!(
             key = %header_text(why.key.as_deref().unwrap_or_default()),
             attempts = why.attempts,
@@ -486,7 +601,9 @@ where
             "dead-lettering a message"
         );
         let r = self.source.dead_letter(delivery, why).await;
+        let parked = r.is_ok();
         self.count(Settled::DeadLettered, r);
+        parked
     }
 
     pub(super) async fn requeue(&self, delivery: Delivery<Src::Receipt>) {

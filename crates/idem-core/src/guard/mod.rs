@@ -155,6 +155,11 @@ impl<S: Store + Clone> Guard<S> {
         self.lease
     }
 
+    /// How long completed outcomes are kept.
+    pub fn retention_length(&self) -> Duration {
+        self.retention
+    }
+
     /// Whether handlers run unguarded when the store cannot be reached.
     pub fn fails_open(&self) -> bool {
         self.fail_open

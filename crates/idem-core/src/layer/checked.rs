@@ -76,6 +76,18 @@ impl<S: Store> StoreWrapper for Checked<S> {
         }
     }
 
+    fn reopen(
+        &self,
+        key: &Key,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
+        let checked = self.inner.limits().check_key(key);
+        async move {
+            checked?;
+            self.inner.reopen(key, token).await
+        }
+    }
+
     fn extend(
         &self,
         key: &Key,

@@ -15,7 +15,7 @@ use crate::{
 };
 
 /// The store operations, in the order of [`Handles`]' arrays.
-const OPERATIONS: [&str; 8] = [
+const OPERATIONS: [&str; 9] = [
     "begin",
     "complete",
     "release",
@@ -24,6 +24,7 @@ const OPERATIONS: [&str; 8] = [
     "begin_many",
     "complete_many",
     "scan",
+    "reopen",
 ];
 const BEGIN: usize = 0;
 const COMPLETE: usize = 1;
@@ -33,6 +34,7 @@ const GET: usize = 4;
 const BEGIN_MANY: usize = 5;
 const COMPLETE_MANY: usize = 6;
 const SCAN: usize = 7;
+const REOPEN: usize = 8;
 
 /// How a call ended, in the order of [`Handles`]' arrays.
 const OUTCOMES: [&str; 4] = ["ok", "stale", "refused", "failed"];
@@ -191,6 +193,14 @@ impl<S: Store> StoreWrapper for Measured<S> {
         token: FencingToken,
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
         self.timed(RELEASE, self.inner.release(key, token), Fenced::is_stale)
+    }
+
+    fn reopen(
+        &self,
+        key: &Key,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
+        self.timed(REOPEN, self.inner.reopen(key, token), Fenced::is_stale)
     }
 
     fn extend(

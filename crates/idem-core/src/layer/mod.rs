@@ -107,6 +107,15 @@ pub trait StoreWrapper: Send + Sync + 'static {
         self.inner().release(key, token)
     }
 
+    /// [`Store::reopen`].
+    fn reopen(
+        &self,
+        key: &Key,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
+        self.inner().reopen(key, token)
+    }
+
     /// [`Store::extend`].
     fn extend(
         &self,
@@ -176,6 +185,13 @@ impl<W: StoreWrapper> Store for W {
         token: FencingToken,
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
         StoreWrapper::release(self, key, token)
+    }
+    fn reopen(
+        &self,
+        key: &Key,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
+        StoreWrapper::reopen(self, key, token)
     }
     fn extend(
         &self,

@@ -117,6 +117,15 @@ impl<S: Store> StoreWrapper for Traced<S> {
         logged(self.inner.release(key, token), Fenced::is_stale).instrument(span)
     }
 
+    fn reopen(
+        &self,
+        key: &Key,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
+        let span = tracing::debug_span!("store", operation = "reopen", tier = self.tier(), %key, token = token.get(), outcome = tracing::field::Empty);
+        logged(self.inner.reopen(key, token), Fenced::is_stale).instrument(span)
+    }
+
     fn extend(
         &self,
         key: &Key,

@@ -559,6 +559,28 @@ impl Inner {
         Ok(released)
     }
 
+    fn reopen(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
+        let hash = KeyHash::of(&self.hasher, key);
+        let mut shard = self.shard(hash).lock();
+        let now = self.now();
+        let reopened = match shard.find(hash, key) {
+            Some(i)
+                if {
+                    let s = shard.slot(i);
+                    s.completed && machine::completed_by(s.token, token.get(), s.deadline, now)
+                } =>
+            {
+                shard.remove(i);
+                Fenced::Ok(())
+            }
+            _ => Fenced::Stale,
+        };
+        if !reopened.is_stale() && self.capacity.is_some() {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+        Ok(reopened)
+    }
+
     fn extend(
         &self,
         key: &Key,
@@ -852,6 +874,10 @@ impl Store for Records {
 
     async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
         self.inner.release(key, token)
+    }
+
+    async fn reopen(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
+        self.inner.reopen(key, token)
     }
 
     async fn extend(

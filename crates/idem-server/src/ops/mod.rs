@@ -381,9 +381,14 @@ pub(crate) fn shown(bytes: &[u8]) -> String {
 }
 
 /// An outcome as JSON: its own JSON when it is JSON, a string when it is
-/// text, and `{"base64": …}` otherwise; cut to 200 bytes unless `full`.
+/// text, `{"dead_lettered": true}` for the outcome a consumer records for a
+/// key whose message it dead-lettered, and `{"base64": …}` otherwise; cut
+/// to 200 bytes unless `full`.
 pub(crate) fn outcome_json(outcome: &[u8], full: bool) -> Value {
     use base64::Engine as _;
+    if idem_consumer::dlq::is_dead_lettered(Some(outcome)) {
+        return json!({"dead_lettered": true});
+    }
     if !full && outcome.len() > SHOWN_OUTCOME_BYTES {
         return json!({
             "truncated": shown(&outcome[..SHOWN_OUTCOME_BYTES]),

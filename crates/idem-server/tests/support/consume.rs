@@ -13,8 +13,9 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use idem_consumer::dlq::is_dead_lettered;
 use idem_consumer::{HandlerError, KeyFrom, Message, Runner, Source};
-use idem_core::{Begin, ClaimHandle, Guard, Key, Lease, Store};
+use idem_core::{Begin, ClaimHandle, Guard, Key, Lease, Record, Store};
 use idem_redis::RedisStore;
 use parking_lot::Mutex;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -563,9 +564,29 @@ pub async fn dead_letters_replay_after_a_fix(broker: impl Broker) {
     assert_eq!(code, 2);
     assert!(err.contains("--all"), "{err}");
 
-    // The fix is deployed; one key's work was done elsewhere meanwhile.
+    // Every dead-lettered key is recorded as such, so a copy would be
+    // acked as a duplicate.
+    for id in &ids {
+        let key = Key::new(&broker.name(), id.clone()).unwrap();
+        match store.get(&key).await.unwrap() {
+            Some(Record::Completed(c)) => {
+                assert!(is_dead_lettered(c.outcome.as_deref()), "{id}: {c:?}")
+            }
+            other => panic!("{id}: expected the dead-lettered record, got {other:?}"),
+        }
+    }
+
+    // The fix is deployed; one key's work was done elsewhere meanwhile
+    // (after an operator reopened it).
     sink.fix();
     let done = Key::new(&broker.name(), "bad-0001").unwrap();
+    let Some(Record::Completed(dead)) = store.get(&done).await.unwrap() else {
+        panic!("bad-0001 is recorded as dead-lettered");
+    };
+    assert_eq!(
+        store.reopen(&done, dead.token).await.unwrap(),
+        idem_core::Fenced::Ok(())
+    );
     let Begin::Acquired(c) = store
         .begin(&done, None, Lease::from_secs(60))
         .await

@@ -35,6 +35,10 @@ pub const MIN_HOT_RETENTION: Duration = Duration::from_secs(1);
 /// Cold-tier lookups in flight at once for one `begin_many`.
 const COLD_CHECKS_AT_ONCE: usize = 64;
 
+/// How long a `reopen` waits for the completions queued for the cold tier
+/// to reach it.
+pub const REOPEN_FLUSH_LIMIT: Duration = Duration::from_secs(10);
+
 /// How long the hot tier keeps a completed record once the cold tier has
 /// it: which records the hot tier alone keeps, and which the cold tier
 /// must keep too.
@@ -798,6 +802,47 @@ impl<H: Tier + Clone, C: Tier + Clone> Store for TieredStore<H, C> {
 
     async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
         self.shared.hot.release(key, token).await
+    }
+
+    /// Reopens the completion in the tier that decides it: the cold tier
+    /// for a record that goes there (its copy in the hot tier is reopened
+    /// after it, so a `begin` in between still finds the hot copy and never
+    /// brings the record back), the hot tier for one only the hot tier
+    /// keeps. The completions queued for the cold tier are flushed first
+    /// (for at most [`REOPEN_FLUSH_LIMIT`]), so an import still on its way
+    /// cannot bring the record back into the cold tier afterwards; a queue
+    /// that does not drain in time is an error, and nothing is reopened.
+    async fn reopen(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
+        self.shared.limits.check_key(key)?;
+        if tokio::time::timeout(REOPEN_FLUSH_LIMIT, self.flush())
+            .await
+            .is_err()
+        {
+            return Err(StoreError::unavailable(format!(
+                "completions queued for the cold tier did not reach it within {}s, so key {key} \
+                 cannot be reopened yet: check the cold tier, then try again",
+                REOPEN_FLUSH_LIMIT.as_secs()
+            )));
+        }
+        let completed = |r: Option<Record>| match r {
+            Some(Record::Completed(c)) if c.token == token => Some(c),
+            _ => None,
+        };
+        let record = match completed(self.shared.hot.get(key).await?) {
+            Some(c) => c,
+            None => match completed(self.shared.cold.get(key).await?) {
+                Some(c) => c,
+                None => return Ok(Fenced::Stale),
+            },
+        };
+        if self.shared.all_to_cold || !self.shared.hot_retention.covers_record(&record) {
+            let answer = self.shared.cold.reopen(key, token).await?;
+            // The cold tier decided; the hot copy, if any, goes with it.
+            let _ = self.shared.hot.reopen(key, token).await?;
+            Ok(answer)
+        } else {
+            self.shared.hot.reopen(key, token).await
+        }
     }
 
     async fn extend(

@@ -94,6 +94,16 @@ pub enum Job {
         expired_by: Option<Timestamp>,
         done: std::sync::mpsc::SyncSender<Result<usize, WriteFailed>>,
     },
+    /// Delete the record of this encoded key, with its index entries, if
+    /// it is completed by `token` and still live at `now`; synced. Answers
+    /// whether it went. Done here so that no completion of the key can be
+    /// written between the check and the delete.
+    Reopen {
+        key: Slice,
+        token: u64,
+        now: Timestamp,
+        done: oneshot::Sender<Result<bool, WriteFailed>>,
+    },
 }
 
 /// One caller's puts and where its answer goes.
@@ -143,6 +153,16 @@ pub fn spawn(mut engine: Engine) -> std::io::Result<(mpsc::Sender<Job>, JoinHand
                     } => {
                         let removed = engine.purge(&keys, expired_by);
                         let _ = done.send(removed.map_err(WriteFailed::from));
+                        continue;
+                    }
+                    Job::Reopen {
+                        key,
+                        token,
+                        now,
+                        done,
+                    } => {
+                        let went = engine.reopen(&key, token, now);
+                        let _ = done.send(went.map_err(WriteFailed::from));
                         continue;
                     }
                 };
@@ -239,6 +259,27 @@ impl Engine {
         batch.commit()?;
         self.db.persist(PersistMode::SyncData)?;
         Ok(removed)
+    }
+
+    /// Deletes the record of `enc` if it is completed by `token` and live
+    /// at `now`, with its index entries, synced; answers whether it went.
+    fn reopen(&self, enc: &Slice, token: u64, now: Timestamp) -> fjall::Result<bool> {
+        let Some(v) = self.records.get(enc)? else {
+            return Ok(false);
+        };
+        let Ok(r) = decode_completed(&v) else {
+            return Ok(false);
+        };
+        if !idem_core::machine::completed_by(r.token.get(), token, r.expires_at, now) {
+            return Ok(false);
+        }
+        let mut batch = self.db.batch();
+        batch.remove(&self.expiry, expiry_key(r.expires_at, enc));
+        batch.remove(&self.completed, completed_key(r.completed_at, enc));
+        batch.remove(&self.records, enc.clone());
+        batch.commit()?;
+        self.db.persist(PersistMode::SyncData)?;
+        Ok(true)
     }
 
     /// Deletes what `due` names and is still due; returns how many records

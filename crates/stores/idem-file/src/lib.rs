@@ -824,6 +824,27 @@ impl Inner {
         Ok(answers)
     }
 
+    /// Deletes the record of `key` if `token` completed it and it is live,
+    /// durably, on the committer (the only writer of records): handed over
+    /// before the first await, so a caller that stops waiting leaves the
+    /// full effect or, dropped before its first poll, none.
+    async fn reopen(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
+        self.check_healthy()?;
+        let (done, answer) = oneshot::channel();
+        self.send(Job::Reopen {
+            key: encoded(key).into_vec().into(),
+            token: token.get(),
+            now: self.clock.now(),
+            done,
+        })?;
+        match answer.await {
+            Ok(Ok(true)) => Ok(Fenced::Ok(())),
+            Ok(Ok(false)) => Ok(Fenced::Stale),
+            Ok(Err(e)) => Err(self.engine_failed(e)),
+            Err(_) => Err(self.engine_failed(WriteFailed::committer_stopped())),
+        }
+    }
+
     fn with_owned<T>(
         &self,
         key: &Key,

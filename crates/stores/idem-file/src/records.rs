@@ -55,6 +55,10 @@ impl Store for Records {
         })
     }
 
+    async fn reopen(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
+        self.inner.reopen(key, token).await
+    }
+
     async fn extend(
         &self,
         key: &Key,

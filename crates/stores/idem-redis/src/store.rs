@@ -308,16 +308,37 @@ impl Inner {
         key: &Key,
         token: FencingToken,
     ) -> Result<Fenced, StoreError> {
-        let v: Value = self
-            .scripts
-            .release
+        self.tombstone(&self.scripts.release, "release", key, token)
+            .await
+    }
+
+    /// `reopen`, of a key already checked.
+    pub(crate) async fn reopen(
+        &self,
+        key: &Key,
+        token: FencingToken,
+    ) -> Result<Fenced, StoreError> {
+        self.tombstone(&self.scripts.reopen, "reopen", key, token)
+            .await
+    }
+
+    /// Runs `script` (`release` or `reopen`), which turns the record
+    /// `token` owns into a tombstone.
+    async fn tombstone(
+        &self,
+        script: &redis::Script,
+        name: &str,
+        key: &Key,
+        token: FencingToken,
+    ) -> Result<Fenced, StoreError> {
+        let v: Value = script
             .key(record_key(key))
             .arg(token.get().to_string())
             .arg(self.tombstone_ms)
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        fenced("release", &v)
+        fenced(name, &v)
     }
 
     /// `WAIT` on the node of each item's key (all of them on a standalone
@@ -402,6 +423,10 @@ impl Store for Records {
 
     async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
         self.inner.release(key, token).await
+    }
+
+    async fn reopen(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
+        self.inner.reopen(key, token).await
     }
 
     async fn extend(

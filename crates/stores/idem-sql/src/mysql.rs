@@ -40,6 +40,7 @@ use sqlx::{AssertSqlSafe, Either, QueryBuilder, Row};
 
 use crate::migrate::tokens_table;
 use crate::row::{ScanFilter, StoredRow, import_token, millis_column, ms, token_column};
+use crate::store::Forget;
 use crate::table::Tables;
 
 /// The server's clock in milliseconds.
@@ -57,6 +58,7 @@ pub(crate) struct MySql {
     pub(crate) get: Vec<String>,
     pub(crate) scan: Vec<String>,
     pub(crate) release: Vec<String>,
+    pub(crate) reopen: Vec<String>,
     pub(crate) sweep: Vec<String>,
     pub(crate) next_namespace: Vec<String>,
     pub(crate) completed_page: Vec<String>,
@@ -214,6 +216,16 @@ impl MySql {
                         "UPDATE {t} SET state = 0, fp = NULL, outcome = NULL, attempts = 0,
                           lease_until = 0, expires_at = {NOW} + ?
                         WHERE ns = ? AND k = ? AND token = ? AND state = 1 AND lease_until > {NOW}"
+                    )
+                })
+                .collect(),
+            reopen: tables
+                .iter()
+                .map(|t| {
+                    format!(
+                        "UPDATE {t} SET state = 0, fp = NULL, outcome = NULL, attempts = 0,
+                          lease_until = 0, expires_at = {NOW} + ?
+                        WHERE ns = ? AND k = ? AND token = ? AND state = 2 AND expires_at > {NOW}"
                     )
                 })
                 .collect(),
@@ -472,14 +484,21 @@ impl MySql {
         Ok(answers)
     }
 
-    pub async fn release(
+    /// `release` or `reopen`: the record owned by `held` (a live claim, or
+    /// a live completion) becomes a tombstone.
+    pub async fn forget(
         &self,
         shard: u16,
         key: &Key,
         held: FencingToken,
+        what: Forget,
         tombstone_ms: i64,
     ) -> Result<Fenced, StoreError> {
-        let done = sqlx::query(AssertSqlSafe(&*self.release[usize::from(shard)]))
+        let statements = match what {
+            Forget::Claim => &self.release,
+            Forget::Completion => &self.reopen,
+        };
+        let done = sqlx::query(AssertSqlSafe(&*statements[usize::from(shard)]))
             .bind(tombstone_ms)
             .bind(ns(key))
             .bind(&key.bytes()[..])

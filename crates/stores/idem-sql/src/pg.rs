@@ -18,6 +18,7 @@ use sqlx::{AssertSqlSafe, Row};
 
 use crate::migrate::tokens_table;
 use crate::row::{ScanFilter, StoredRow, import_token, millis_column, ms, token_column};
+use crate::store::Forget;
 use crate::table::{TableName, Tables};
 
 /// The server's clock in milliseconds, read once per statement.
@@ -31,6 +32,7 @@ pub(crate) struct TableSql {
     pub(crate) begin: String,
     pub(crate) complete: String,
     pub(crate) release: String,
+    pub(crate) reopen: String,
     pub(crate) extend: String,
     pub(crate) get: String,
     pub(crate) scan: String,
@@ -110,6 +112,13 @@ impl TableSql {
                   lease_until = 0, expires_at = c.now + $4
                 FROM c
                 WHERE r.ns = $1 AND r.k = $2 AND r.token = $3 AND r.state = 1 AND r.lease_until > c.now"
+            ),
+            reopen: format!(
+                "WITH {NOW}
+                UPDATE {t} AS r SET state = 0, fp = NULL, outcome = NULL, attempts = 0,
+                  lease_until = 0, expires_at = c.now + $4
+                FROM c
+                WHERE r.ns = $1 AND r.k = $2 AND r.token = $3 AND r.state = 2 AND r.expires_at > c.now"
             ),
             extend: format!(
                 "WITH {NOW}
@@ -330,14 +339,22 @@ impl Postgres {
         Ok(answers)
     }
 
-    pub async fn release(
+    /// `release` or `reopen`: the record owned by `held` (a live claim, or
+    /// a live completion) becomes a tombstone.
+    pub async fn forget(
         &self,
         shard: u16,
         key: &Key,
         held: FencingToken,
+        what: Forget,
         tombstone_ms: i64,
     ) -> Result<Fenced, StoreError> {
-        let done = sqlx::query(AssertSqlSafe(&*self.sql[usize::from(shard)].release))
+        let sql = &self.sql[usize::from(shard)];
+        let statement = match what {
+            Forget::Claim => &sql.release,
+            Forget::Completion => &sql.reopen,
+        };
+        let done = sqlx::query(AssertSqlSafe(&**statement))
             .bind(ns(key))
             .bind(&key.bytes()[..])
             .bind(token_column(held))

@@ -253,6 +253,14 @@ pub(crate) fn rounds<'a>(keys: impl Iterator<Item = &'a Key>) -> Vec<Vec<usize>>
     out
 }
 
+/// What `forget` turns into a tombstone: a live claim (`release`) or a
+/// live completion (`reopen`), owned by the token given.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Forget {
+    Claim,
+    Completion,
+}
+
 /// The many-item calls the store's single calls are gathered into.
 impl Batched for Inner {
     fn begin_items(
@@ -412,11 +420,28 @@ impl Inner {
         key: &Key,
         token: FencingToken,
     ) -> Result<Fenced, StoreError> {
+        self.forget(key, token, Forget::Claim).await
+    }
+
+    pub(crate) async fn reopen(
+        &self,
+        key: &Key,
+        token: FencingToken,
+    ) -> Result<Fenced, StoreError> {
+        self.forget(key, token, Forget::Completion).await
+    }
+
+    async fn forget(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        what: Forget,
+    ) -> Result<Fenced, StoreError> {
         let shard = self.shard(key);
         retrying(|| async {
             match &self.db {
-                Db::Postgres(pg) => pg.release(shard, key, token, self.tombstone_ms).await,
-                Db::MySql(my) => my.release(shard, key, token, self.tombstone_ms).await,
+                Db::Postgres(pg) => pg.forget(shard, key, token, what, self.tombstone_ms).await,
+                Db::MySql(my) => my.forget(shard, key, token, what, self.tombstone_ms).await,
             }
         })
         .await
@@ -476,6 +501,10 @@ impl Store for Records {
 
     async fn release(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
         self.inner.release(key, token).await
+    }
+
+    async fn reopen(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
+        self.inner.reopen(key, token).await
     }
 
     async fn extend(
