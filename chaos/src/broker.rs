@@ -227,8 +227,11 @@ impl Channel {
             Broker::Nats => {
                 let server = services::url("IDEM_TEST_NATS_URL", "nats://127.0.0.1:4222");
                 let subject = name.to_lowercase();
+                // AckWait 5 s (the default is 30 s): a killed consumer's
+                // messages come back that much sooner, and stay at least
+                // a lease away (the runs' leases are 2 s).
                 let from = format!(
-                    "{server}?stream={}&consumer=idem&subject={subject}.>",
+                    "{server}?stream={}&consumer=idem&subject={subject}.>&ack_wait=5s",
                     name.to_uppercase()
                 );
                 let config =
@@ -253,7 +256,9 @@ impl Channel {
             }
             Broker::RedisStreams => {
                 let redis = services::url("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379");
-                let from = format!("{redis}?stream={name}&group=idem");
+                // Entries a killed consumer left are claimed after 5 s (the
+                // default is 30 s), still more than the runs' 2 s leases.
+                let from = format!("{redis}?stream={name}&group=idem&claim-idle-ms=5000");
                 let config = RedisStreamConfig::from_url(&from).map_err(|e| e.to_string())?;
                 // Connecting makes the group, from the stream's start.
                 idem_redis_streams::RedisStreamSource::connect(config.clone())
