@@ -363,8 +363,10 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
 }
 
 /// How long a delivery whose ack was lost (to a broker restart, a cut
-/// link) may stay unacknowledged before the broker delivers it again:
-/// JetStream's ack wait, the longest of the brokers' redelivery times.
+/// link) may stay unacknowledged before the broker delivers it again: the
+/// longest of the brokers' redelivery times (JetStream's default ack wait;
+/// the runs set 5 s, so this leaves room), waited for only while the
+/// broker still holds something.
 const REDELIVERY: Duration = Duration::from_secs(30);
 
 /// What the broker has left once every delivery whose ack was lost has
