@@ -37,7 +37,7 @@ const COLD_CHECKS_AT_ONCE: usize = 64;
 
 /// How long a `reopen` waits for the completions queued for the cold tier
 /// to reach it.
-pub const REOPEN_FLUSH_LIMIT: Duration = Duration::from_secs(10);
+const REOPEN_FLUSH_LIMIT: Duration = Duration::from_secs(10);
 
 /// How long the hot tier keeps a completed record once the cold tier has
 /// it: which records the hot tier alone keeps, and which the cold tier
@@ -809,7 +809,7 @@ impl<H: Tier + Clone, C: Tier + Clone> Store for TieredStore<H, C> {
     /// after it, so a `begin` in between still finds the hot copy and never
     /// brings the record back), the hot tier for one only the hot tier
     /// keeps. The completions queued for the cold tier are flushed first
-    /// (for at most [`REOPEN_FLUSH_LIMIT`]), so an import still on its way
+    /// (for at most 10 s), so an import still on its way
     /// cannot bring the record back into the cold tier afterwards; a queue
     /// that does not drain in time is an error, and nothing is reopened.
     async fn reopen(&self, key: &Key, token: FencingToken) -> Result<Fenced, StoreError> {
