@@ -494,11 +494,12 @@ impl<S: Store + Clone> Guard<S> {
 
     /// Stores the outcome. A transient failure is retried after a pause
     /// that doubles from 10 ms up to 1 s (each cut by up to half at random,
-    /// so that holders failing together do not retry in step), as long as
-    /// the retry comes within [`LATE_STORE_LEASES`] leases of the earlier
-    /// of the last known lease end (renewals push it out) and one lease
-    /// after the first try (a store that renews but never stores does not
-    /// hold the message forever). Retrying is safe: a `complete` by the
+    /// so that holders failing together do not retry in step, and cut to
+    /// end just before the deadline, so the last retry is not skipped), as
+    /// long as the retry comes within [`LATE_STORE_LEASES`] leases of the
+    /// earlier of the last known lease end (renewals push it out) and one
+    /// lease after the first try (a store that renews but never stores does
+    /// not hold the message forever). Retrying is safe: a `complete` by the
     /// same token answers `Ok` again once one has landed, and one that
     /// comes after the lease's end is refused as stale, which
     /// [`store_late`](Self::store_late) settles by what the store holds.
@@ -523,9 +524,14 @@ impl<S: Store + Clone> Guard<S> {
                 .await
             {
                 Err(e) if e.is_transient() => {
-                    let wait = jittered(pause);
                     let deadline = (*lease_end.lock()).min(give_up_by) + lease * LATE_STORE_LEASES;
-                    if Instant::now() + wait >= deadline {
+                    // The last retry comes just before the deadline rather
+                    // than not at all; the timer may fire up to its
+                    // resolution late.
+                    let left =
+                        deadline.saturating_duration_since(Instant::now() + TIMER_RESOLUTION);
+                    let wait = jittered(pause).min(left);
+                    if wait.is_zero() {
                         tracing::warn!(%key, error = %e, "storing the outcome failed for longer than the lease allows; giving up");
                         return Err(GuardError::from_store(e));
                     }
@@ -584,6 +590,9 @@ impl<S: Store + Clone> Guard<S> {
 /// key over meanwhile, rather than the message being handed back to run
 /// the effect again. Past this the message is handed back (retry later).
 const LATE_STORE_LEASES: u32 = 2;
+
+/// How late tokio's timer may wake a sleep (it counts whole milliseconds).
+const TIMER_RESOLUTION: Duration = Duration::from_millis(1);
 
 /// The first pause before a failed `complete` is retried; each next one
 /// doubles, up to [`MAX_COMPLETE_PAUSE`].
