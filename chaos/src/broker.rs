@@ -12,7 +12,7 @@ use std::time::Duration;
 use clap::ValueEnum;
 
 use idem_amqp::{AmqpConfig, AmqpPublisher, AmqpSource};
-use idem_consumer::{Message, Source};
+use idem_consumer::Message;
 use idem_jetstream::JetStreamPublisher;
 use idem_kafka::KafkaPublisher;
 use idem_redis_streams::{RedisStreamConfig, RedisStreamPublisher};
@@ -339,10 +339,10 @@ impl Channel {
     /// What the broker itself says is left at the end of a run, read with
     /// its own tools rather than idem's (`rabbitmqctl`, `XINFO GROUPS`, the
     /// JetStream API, the Kafka group's committed offsets against each
-    /// partition's end, read with librdkafka): every message delivered and
-    /// acknowledged, nothing waiting, nothing unacknowledged. Answers the
-    /// problems, or `None` where this broker's end state is not read
-    /// (RocketMQ: no admin client is at hand).
+    /// partition's end, read with librdkafka, and the RocketMQ group's
+    /// progress with the RocketMQ client's admin): every message delivered
+    /// and acknowledged, nothing waiting, nothing unacknowledged. Answers
+    /// the problems, or `None` for the HTTP runs, which have no broker.
     pub async fn leftovers(&self, broker: Broker) -> Result<Option<Vec<String>>, String> {
         let mut problems = Vec::new();
         match broker {
@@ -429,7 +429,14 @@ impl Channel {
                 .map_err(|e| e.to_string())??;
                 problems.extend(lag);
             }
-            Broker::RocketMq | Broker::Proxy | Broker::Serve => return Ok(None),
+            Broker::RocketMq => {
+                let config = idem_rocketmq::RocketMqConfig::from_url(&self.from)
+                    .map_err(|e| e.to_string())?;
+                problems.extend(
+                    crate::rocketmq::group_backlog(config.name_servers(), config.group()).await?,
+                );
+            }
+            Broker::Proxy | Broker::Serve => return Ok(None),
         }
         Ok(Some(problems))
     }
@@ -474,9 +481,9 @@ impl Channel {
     /// broker's own client where one is at hand (RabbitMQ with `lapin`,
     /// taking each; the Redis stream with `XRANGE`; the JetStream stream
     /// message by message; the Kafka topic from its beginning with a plain
-    /// librdkafka consumer, all four leaving idem's code out), and with
-    /// idem's source for RocketMQ (no other client of it is at hand). Waits
-    /// up to `wait` for at least `expected`.
+    /// librdkafka consumer; the RocketMQ topic whole with the RocketMQ
+    /// client's pull consumer; all five leaving idem's code out). Waits up
+    /// to `wait` for at least `expected`.
     pub async fn dead_letters(
         &self,
         broker: Broker,
@@ -523,16 +530,17 @@ impl Channel {
                     }
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 },
-                Broker::RocketMq => {
+                Broker::RocketMq => loop {
                     let config =
                         idem_rocketmq::RocketMqConfig::from_url(url).map_err(|e| e.to_string())?;
-                    let source = idem_rocketmq::RocketMqSource::connect(config)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    let keys = drain(&source, expected, wait).await;
-                    source.shutdown().await;
-                    keys
-                }
+                    let keys =
+                        crate::rocketmq::read_all(config.name_servers(), config.topic(), key_in)
+                            .await?;
+                    if keys.len() >= expected || tokio::time::Instant::now() >= deadline {
+                        return Ok(keys);
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                },
                 Broker::Proxy | Broker::Serve => Err("the HTTP runs have no broker".into()),
             }
         };
@@ -683,41 +691,6 @@ async fn jetstream_keys(url: &str) -> Result<Vec<String>, String> {
         }
         if let Ok(m) = stream.get_raw_message(seq).await {
             keys.push(key_in(&m.payload));
-        }
-    }
-    Ok(keys)
-}
-
-/// Reads every message `source` has (see [`Channel::dead_letters`]),
-/// acking each, and answers their keys (the `key` of each JSON body).
-async fn drain<S: Source>(
-    source: &S,
-    expected: usize,
-    wait: Duration,
-) -> Result<Vec<String>, String> {
-    let deadline = tokio::time::Instant::now() + wait;
-    let mut keys = Vec::new();
-    while tokio::time::Instant::now() < deadline {
-        let left = deadline - tokio::time::Instant::now();
-        let Ok(got) = tokio::time::timeout(left, source.fetch(64)).await else {
-            break;
-        };
-        let got = got.map_err(|e| e.to_string())?;
-        if got.is_empty() && keys.len() >= expected {
-            break;
-        }
-        for delivery in got {
-            let key = serde_json::from_slice::<serde_json::Value>(&delivery.message.body)
-                .ok()
-                .and_then(|v| v.get("key")?.as_str().map(str::to_owned))
-                .unwrap_or_else(|| {
-                    format!(
-                        "(a body that is not a run's message: {} bytes)",
-                        delivery.message.body.len()
-                    )
-                });
-            keys.push(key);
-            source.ack(delivery).await.map_err(|e| e.to_string())?;
         }
     }
     Ok(keys)

@@ -46,6 +46,14 @@ pub enum Fault {
     /// The run's own `redis-server` stopped (`SIGSTOP`) for two leases and
     /// resumed (`SIGCONT`), a few times: the store hangs, its clock runs.
     StorePause,
+    /// The disk under the store's files fills up (a small tmpfs of the
+    /// run's own, a ballast file taking what room is left) for two leases,
+    /// then the ballast is deleted and the store restarted: the consumer
+    /// process for the file store, which stops at the first write the disk
+    /// refuses; `redis-server` for Redis with `appendfsync always`, which
+    /// exits at it. Nothing acknowledged may be lost (docs/guarantees.md,
+    /// "When the disk fills up").
+    DiskFull,
     /// The SQL server ends the consumers' sessions mid-transaction
     /// (`pg_terminate_backend`, `KILL CONNECTION`), a few times.
     DbCut,
@@ -100,6 +108,7 @@ impl Fault {
             Fault::StoreSlow => "store slowed past the lease",
             Fault::StorePartition => "store unreachable for two leases",
             Fault::StorePause => "store process stopped for two leases",
+            Fault::DiskFull => "the store's disk full for two leases, then freed",
             Fault::DbCut => "SQL sessions ended mid-transaction",
             Fault::BrokerCut => "broker connections cut",
             Fault::BrokerSlow => "broker link slowed and throttled",
@@ -141,6 +150,10 @@ impl Fault {
                     "cluster nodes tell clients their own addresses: connections would go around a proxy",
                 )
             }
+            Fault::DiskFull if !matches!(store, StoreKind::File | StoreKind::RedisAof) => Some(
+                "fills a disk under the store's own files: the file store and Redis with \
+                 appendfsync always",
+            ),
             Fault::DbCut if !matches!(store, StoreKind::Postgres | StoreKind::MariaDb) => {
                 Some("sessions ended by the SQL server: PostgreSQL and MariaDB only")
             }
@@ -165,6 +178,7 @@ impl Fault {
                 | Fault::StoreSlow
                 | Fault::StorePartition
                 | Fault::StorePause
+                | Fault::DiskFull
                 | Fault::DbCut
                 | Fault::BrokerCut
                 | Fault::BrokerSlow

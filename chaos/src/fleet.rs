@@ -52,6 +52,16 @@ impl Procs {
         t.pids.get(&process).copied()
     }
 
+    /// Each slot's running incarnation, by slot.
+    pub fn every_running(&self) -> Vec<(usize, u32)> {
+        let t = self.0.lock();
+        t.running
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, p)| Some((slot, (*p)?)))
+            .collect()
+    }
+
     /// No process runs in `slot`.
     fn forget(&self, slot: usize) {
         if let Some(p) = self.0.lock().running.get_mut(slot) {
@@ -107,10 +117,13 @@ impl Fleet {
         }
     }
 
-    /// Starts every slot and waits until each has printed its ready line.
+    /// Starts every slot at once and waits until each has printed its
+    /// ready line.
     pub async fn start(&mut self) -> Result<(), String> {
-        for slot in 0..self.children.len() {
-            self.spawn(slot, true).await?;
+        let launches = (0..self.children.len()).map(|slot| self.launch(slot, true));
+        let children = futures_util::future::try_join_all(launches).await?;
+        for (slot, child) in children.into_iter().enumerate() {
+            self.children[slot] = Some(child);
         }
         Ok(())
     }
@@ -127,10 +140,14 @@ impl Fleet {
                 "consumer {slot} was to be restarted after a kill, but its process was still running 10 s later"
             ));
         }
-        self.spawn(slot, false).await
+        let child = self.launch(slot, false).await?;
+        self.children[slot] = Some(child);
+        Ok(())
     }
 
-    async fn spawn(&mut self, slot: usize, wait_ready: bool) -> Result<(), String> {
+    /// Starts the process of slot `slot`, with `wait_ready` once it has
+    /// printed its ready line.
+    async fn launch(&self, slot: usize, wait_ready: bool) -> Result<Child, String> {
         let log = self.logs.join(format!("consumer-{slot}.log"));
         let stderr = OpenOptions::new()
             .create(true)
@@ -168,16 +185,15 @@ impl Fleet {
         }
         // Keep reading so the process never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        self.children[slot] = Some(child);
-        Ok(())
+        Ok(child)
     }
 
-    /// SIGTERM to every consumer, then waits for each to exit (SIGKILL
-    /// after `grace`); answers how many needed the SIGKILL.
+    /// SIGTERM to every consumer at once, then waits for each to exit
+    /// (SIGKILL after `grace`); answers how many needed the SIGKILL.
     pub async fn stop(&mut self, grace: Duration) -> usize {
-        let mut forced = 0;
+        let mut stopping = Vec::new();
         for (slot, child) in self.children.iter_mut().enumerate() {
-            let Some(mut child) = child.take() else {
+            let Some(child) = child.take() else {
                 continue;
             };
             if let Some(pid) = child.id() {
@@ -185,10 +201,18 @@ impl Fleet {
                 signal(pid, libc::SIGCONT);
                 signal(pid, libc::SIGTERM);
             }
-            if tokio::time::timeout(grace, child.wait()).await.is_err() {
-                forced += 1;
+            stopping.push((slot, child));
+        }
+        let waits = stopping.into_iter().map(|(slot, mut child)| async move {
+            let forced = tokio::time::timeout(grace, child.wait()).await.is_err();
+            if forced {
                 let _ = child.kill().await;
             }
+            (slot, forced)
+        });
+        let mut forced = 0;
+        for (slot, was_forced) in futures_util::future::join_all(waits).await {
+            forced += usize::from(was_forced);
             self.procs.forget(slot);
         }
         forced

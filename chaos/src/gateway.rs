@@ -136,7 +136,7 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
         .map_err(|e| format!("a temporary directory: {e}"))?;
     let name = format!("chaos_gateway_{}", std::process::id());
     at("starting the store");
-    let store = Store::start(spec.store, &name, dir.path()).await?;
+    let store = Store::start(spec.store, &name, dir.path(), false).await?;
 
     let shared = Arc::new(Shared {
         start: Instant::now(),

@@ -81,6 +81,7 @@ pub struct Reasons {
     pub stop: u64,
     pub loss: u64,
     pub slow_store: u64,
+    pub disk_full: u64,
     pub rolled_back: u64,
 }
 
@@ -91,6 +92,7 @@ impl Reasons {
             Reason::Stop => self.stop += 1,
             Reason::Loss => self.loss += 1,
             Reason::SlowStore => self.slow_store += 1,
+            Reason::DiskFull => self.disk_full += 1,
             Reason::RolledBack => self.rolled_back += 1,
         }
     }
@@ -102,6 +104,7 @@ enum Reason {
     Stop,
     Loss,
     SlowStore,
+    DiskFull,
     RolledBack,
 }
 
@@ -268,6 +271,10 @@ fn explain(
                 Reason::Loss
             }
             Injected::SlowStore { from, to } if from <= span.1 && span.0 <= to => Reason::SlowStore,
+            // docs/guarantees.md, "When the disk fills up": a claim live
+            // while the store refused writes may have had its `complete`
+            // refused, and runs again after the store's restart.
+            Injected::DiskFull { from, to } if from <= span.1 && span.0 <= to => Reason::DiskFull,
             _ => return None,
         };
         Some((Some(i), reason))
@@ -308,9 +315,9 @@ fn rolled_back(facts: &Facts, key: &str, call: &Call) -> bool {
 
 /// How many claims each fault of `record` could have cut: the keys with a
 /// call live at a kill or stop of its process (no more than the claims a
-/// process holds at once) or at a slow period (no more than every
-/// process's); the keys a loss held that had an effect before it. Faults
-/// that explain nothing count none.
+/// process holds at once) or at a slow period or a full disk (no more than
+/// every process's); the keys a loss held that had an effect before it.
+/// Faults that explain nothing count none.
 fn claims_cut(record: &Record, facts: &Facts) -> Vec<u64> {
     let lease = facts.lease;
     let one = facts.concurrency as u64;
@@ -344,11 +351,13 @@ fn claims_cut(record: &Record, facts: &Facts) -> Vec<u64> {
                             .any(|c| c.effect && c.ended.is_some_and(|e| e <= at))
                 })
                 .count() as u64,
-            Injected::SlowStore { from, to } => keys_where(&|c| {
-                let (a, b) = claim(c, lease);
-                from <= b && a <= to
-            })
-            .min(all),
+            Injected::SlowStore { from, to } | Injected::DiskFull { from, to } => {
+                keys_where(&|c| {
+                    let (a, b) = claim(c, lease);
+                    from <= b && a <= to
+                })
+                .min(all)
+            }
             Injected::Disrupted { .. } => 0,
         })
         .collect()
@@ -527,8 +536,8 @@ fn judge_stops(o: &mut Outcome, record: &Record) {
 
 /// Whether the holder of call `a` was alive at `t` and still meant to
 /// hold its key: its call open then, its process neither killed since the
-/// claim began nor stopped at `t`, and no slow store period since its
-/// claim began that its renewals could not cross.
+/// claim began nor stopped at `t`, and no slow store period or full disk
+/// since its claim began that its renewals could not cross.
 fn alive(record: &Record, lease: Duration, a: &Call, t: Duration) -> bool {
     let open = a.arrived <= t && (a.end == End::InFlight || a.ended.is_some_and(|e| e > t));
     if !open {
@@ -541,6 +550,8 @@ fn alive(record: &Record, lease: Duration, a: &Call, t: Duration) -> bool {
             process, from, to, ..
         } => process == a.process && from <= t && to.is_none_or(|to| t <= to),
         Injected::SlowStore { from, .. } => from <= t && begun <= from.saturating_add(lease),
+        // The store refused renewals from the moment the disk filled.
+        Injected::DiskFull { from, to } => from <= t && begun <= to,
         _ => false,
     })
 }
@@ -1025,6 +1036,22 @@ mod tests {
         assert_eq!((o.unexplained, o.reasons.slow_store), (0, 1));
         let o = judged(&["a"], &record(&double(), &[slow(2500, 6500)]));
         assert_eq!(o.unexplained, 1);
+    }
+
+    #[test]
+    fn a_full_disk_explains_only_claims_live_while_it_was_full() {
+        let full = |from, to| Injected::DiskFull {
+            from: ms(from),
+            to: ms(to),
+        };
+        let o = judged(&["a"], &record(&double(), &[full(1000, 5000)]));
+        assert_eq!((o.unexplained, o.reasons.disk_full, o.bound), (0, 1, 1));
+        // Filled once the claim was over (its complete stored or refused):
+        // an acknowledged completion is kept, so nothing explains the copy
+        // running again.
+        let o = judged(&["a"], &record(&double(), &[full(2500, 6500)]));
+        assert_eq!((o.unexplained, o.bound), (1, 0));
+        assert!(!o.passed());
     }
 
     #[test]

@@ -24,6 +24,7 @@ mod judge;
 mod kafka;
 mod record;
 mod report;
+mod rocketmq;
 mod scenario;
 mod serve;
 mod sink;
@@ -334,8 +335,9 @@ fn spec(broker: Broker, store: StoreKind, fault: Fault, messages: usize) -> Spec
     }
 }
 
-/// CI's matrix: every fault on Redis Streams with the Redis store, and a
-/// few on the other brokers and stores.
+/// CI's matrix: every fault on Redis Streams with the Redis store (a full
+/// disk on the stores that keep files), and a few on the other brokers
+/// and stores.
 fn short() -> Vec<Spec> {
     use Broker::*;
     use Fault::*;
@@ -344,7 +346,7 @@ fn short() -> Vec<Spec> {
     let mut specs: Vec<Spec> = Fault::value_variants()
         .iter()
         .copied()
-        .filter(|f| !matches!(f, ClientCuts | ProxyKill | ServeKill))
+        .filter(|f| !matches!(f, ClientCuts | ProxyKill | ServeKill | DiskFull))
         .map(|f| spec(RedisStreams, Redis, f, n))
         .collect();
     let seeded = |broker, store, seed| Spec {
@@ -352,6 +354,8 @@ fn short() -> Vec<Spec> {
         ..spec(broker, store, Nemesis, n)
     };
     specs.extend([
+        spec(RedisStreams, File, DiskFull, n),
+        spec(Nats, RedisAof, DiskFull, n),
         spec(Amqp, Postgres, Duplicates, n),
         spec(Amqp, Postgres, KillAfterEffect, n),
         spec(Amqp, Postgres, Zombie, n),

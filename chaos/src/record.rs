@@ -92,6 +92,11 @@ pub enum Injected {
     /// `from` to `to` (longer than a lease): no renewal or `complete`
     /// could land, so leases ran out under running handlers.
     SlowStore { from: Duration, to: Duration },
+    /// The disk under the store's files full from `from`, freed and the
+    /// store restarted at `to`: the store refused writes (the file store
+    /// stopped, Redis exited) in between, so claims live then may have had
+    /// their `complete` refused.
+    DiskFull { from: Duration, to: Duration },
     /// A link disrupted from `from` to `to`.
     Disrupted {
         link: Link,
@@ -106,7 +111,9 @@ impl Injected {
         match *self {
             Injected::Kill { at, .. } | Injected::Loss { at, .. } => at,
             Injected::Stop { from, to, .. } => to.unwrap_or(from),
-            Injected::SlowStore { to, .. } | Injected::Disrupted { to, .. } => to,
+            Injected::SlowStore { to, .. }
+            | Injected::DiskFull { to, .. }
+            | Injected::Disrupted { to, .. } => to,
         }
     }
 }

@@ -25,6 +25,7 @@ pub fn figures(o: &Outcome) -> [(&'static str, String); 16] {
         ("stop", r.stop),
         ("loss", r.loss),
         ("slow store", r.slow_store),
+        ("disk full", r.disk_full),
         ("rolled back", r.rolled_back),
     ]
     .iter()

@@ -18,7 +18,7 @@ use crate::judge::{self, Facts, Outcome};
 use crate::record::{Injected, Link, Lost};
 use crate::sink::{Event, Sink};
 use crate::spec::{CONCURRENCY, MAX_ATTEMPTS, RunnerKind, Spec, at};
-use crate::store::{Restarted, Store};
+use crate::store::{Restarted, Store, StoreKind};
 use crate::toxic::Toxic;
 
 /// How long the run waits with nothing happening before it calls the
@@ -48,8 +48,10 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
         .prefix("idem-chaos-")
         .tempdir()
         .map_err(|e| format!("a temporary directory: {e}"))?;
+    let schedule = spec.schedule();
     at("starting the store");
-    let mut store = Store::start(spec.store, &name, dir.path()).await?;
+    let on_small_disk = schedule.has(Fault::DiskFull);
+    let mut store = Store::start(spec.store, &name, dir.path(), on_small_disk).await?;
 
     let inbox = if spec.runner == RunnerKind::Inbox {
         at("creating the inbox tables");
@@ -62,7 +64,6 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
 
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let procs = Procs::default();
-    let schedule = spec.schedule();
     if spec.fault == Fault::Nemesis {
         eprintln!("  nemesis {}: {schedule}", spec.seed);
     }
@@ -189,10 +190,12 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
             timed += 1;
             at("injecting a fault");
             let links = (store_link.as_ref(), broker_link.as_ref());
-            let injected = if fault == Fault::StoreRestart {
-                restart(&mut store, spec.lease, &sink, &channel, &duplicates).await
-            } else {
-                inject(spec, fault, &store, links, &sink).await
+            let injected = match fault {
+                Fault::StoreRestart => {
+                    restart(&mut store, spec.lease, &sink, &channel, &duplicates).await
+                }
+                Fault::DiskFull => fill_the_disk(spec.lease, &mut store, &sink, dir.path()).await,
+                _ => inject(spec, fault, &store, links, &sink).await,
             };
             if let Err(e) = injected {
                 failure = Some(e);
@@ -479,6 +482,81 @@ async fn restart(
         if channel.publish(&key, 4).await.is_ok() {
             duplicates.fetch_add(1, Ordering::Relaxed);
         }
+    }
+    Ok(())
+}
+
+/// What the file store says when its disk is full (idem-file's
+/// `failure.rs`), in a consumer's log.
+const FILE_STORE_DISK_FULL: &str = "the disk holding the store at";
+
+/// The consumers' logs in `dir`, each with what it holds so far.
+fn consumer_logs(dir: &Path) -> HashMap<PathBuf, String> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("consumer-"))
+        .map(|e| {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            (e.path(), text)
+        })
+        .collect()
+}
+
+/// The longest a run keeps the store's disk full waiting for the store to
+/// refuse a write: the room left in the last page of each of its files
+/// takes a few kilobytes of writes first.
+const DISK_FULL_LONGEST: Duration = Duration::from_secs(30);
+
+/// Fills the disk under the store until the store has refused a write (the
+/// file store's consumer logs it; Redis exits) and for at least two leases,
+/// frees it, and restarts the store: the consumer for the file store, which
+/// stays stopped until it is opened again; `redis-server`. Fails if the
+/// store refused nothing within [`DISK_FULL_LONGEST`]: a fill that nothing
+/// noticed tests nothing.
+async fn fill_the_disk(
+    lease: Duration,
+    store: &mut Store,
+    sink: &Sink,
+    logs: &Path,
+) -> Result<(), String> {
+    at("filling the store's disk");
+    let before = consumer_logs(logs);
+    let from = sink.now();
+    let applied_before = sink.with(|l| l.applied);
+    store.fill_disk()?;
+    let filled = Instant::now();
+    let refused = loop {
+        let refused = match store.kind {
+            StoreKind::File => consumer_logs(logs).into_iter().any(|(path, text)| {
+                let seen = before.get(&path).map_or(0, String::len);
+                text.get(seen..)
+                    .is_some_and(|new| new.contains(FILE_STORE_DISK_FULL))
+            }),
+            _ => store.server_exited()?,
+        };
+        if (refused && filled.elapsed() >= lease * 2) || filled.elapsed() >= DISK_FULL_LONGEST {
+            break refused;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    at("freeing the store's disk");
+    store.free_disk().await?;
+    if store.kind == StoreKind::File {
+        // The stopped store takes no more operations until the process
+        // opens it again.
+        sink.kill_every_consumer();
+    }
+    sink.disk_freed(from);
+    if !refused {
+        let applied = sink.with(|l| l.applied) - applied_before;
+        return Err(format!(
+            "the disk under the {} store was full for {DISK_FULL_LONGEST:?}, but the store never \
+             refused a write (no consumer logged that its disk is full, or redis-server did not \
+             exit); {applied} messages had their effect meanwhile",
+            store.kind
+        ));
     }
     Ok(())
 }

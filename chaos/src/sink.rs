@@ -214,6 +214,24 @@ impl Sink {
         });
     }
 
+    /// SIGKILLs every consumer, as an orchestrator replaces failing
+    /// processes; the run restarts each.
+    pub fn kill_every_consumer(&self) {
+        for (slot, process) in self.shared.procs.every_running() {
+            self.shared.kill(slot, process);
+        }
+    }
+
+    /// Notes that the disk under the store was full from `from`, and that
+    /// it was freed and the store restarted now.
+    pub fn disk_freed(&self, from: Duration) {
+        let to = self.now();
+        self.with(|l| {
+            l.fault(Injected::DiskFull { from, to });
+            l.record.injected += 1;
+        });
+    }
+
     /// Notes `fault` in the ledger without counting it as a fault of its
     /// own (a part of one counted already).
     pub fn note(&self, fault: Injected) {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use idem_testkit::services;
+use idem_testkit::small_disk::SmallDisk;
 use tokio::process::{Child, Command};
 
 use crate::toxic::Toxic;
@@ -92,12 +93,36 @@ pub struct Store {
     pub args: Vec<String>,
     redis: Option<OwnRedis>,
     cluster: Vec<OwnRedis>,
+    /// The small disk the store's files are on, for a run that fills it.
+    /// Declared last: it is unmounted after the server on it is gone.
+    disk: Option<SmallDisk>,
 }
+
+/// The size of the small disk a run that fills it puts the store on: room
+/// for a run's records and the file store's tables (a flush writes up to
+/// 8 MiB), and quick to fill.
+const SMALL_DISK_BYTES: u64 = 64 << 20;
 
 impl Store {
     /// Sets up `kind` for run `run` (a name of letters, digits and `_`),
-    /// with files under `dir`.
-    pub async fn start(kind: StoreKind, run: &str, dir: &Path) -> Result<Self, String> {
+    /// with files under `dir`, or, with `small_disk`, on a small disk of
+    /// the run's own (a tmpfs mount, which needs root) that it can fill.
+    pub async fn start(
+        kind: StoreKind,
+        run: &str,
+        dir: &Path,
+        small_disk: bool,
+    ) -> Result<Self, String> {
+        let disk = if small_disk {
+            let disk = SmallDisk::mount(SMALL_DISK_BYTES).map_err(|e| {
+                format!("a small disk for the store to fill (a tmpfs mount, which needs root): {e}")
+            })?;
+            Some(disk)
+        } else {
+            None
+        };
+        let dir = disk.as_ref().map_or(dir, SmallDisk::path).to_owned();
+        let dir = dir.as_path();
         let arg = |url: String| vec!["--store".to_owned(), url];
         let mut redis = None;
         let mut cluster = Vec::new();
@@ -167,7 +192,46 @@ impl Store {
             args,
             redis,
             cluster,
+            disk,
         })
+    }
+
+    /// Fills the small disk under the store's files until it refuses a
+    /// write with `ENOSPC`.
+    pub fn fill_disk(&self) -> Result<(), String> {
+        let disk = self
+            .disk
+            .as_ref()
+            .ok_or("the store is not on a small disk")?;
+        disk.fill()
+            .map(drop)
+            .map_err(|e| format!("filling the disk at {}: {e}", disk.path().display()))
+    }
+
+    /// Whether the store's own `redis-server` has exited (it does at the
+    /// first append-only write its full disk refuses).
+    pub fn server_exited(&mut self) -> Result<bool, String> {
+        match &mut self.redis {
+            Some(redis) => Ok(redis.child.try_wait().map_err(|e| e.to_string())?.is_some()),
+            None => Ok(false),
+        }
+    }
+
+    /// Frees the small disk the run filled, and starts the store's own
+    /// `redis-server` again if the full disk made it exit.
+    pub async fn free_disk(&mut self) -> Result<(), String> {
+        let disk = self
+            .disk
+            .as_ref()
+            .ok_or("the store is not on a small disk")?;
+        disk.free()
+            .map_err(|e| format!("freeing the disk at {}: {e}", disk.path().display()))?;
+        if self.server_exited()?
+            && let Some(redis) = &mut self.redis
+        {
+            redis.restart().await?;
+        }
+        Ok(())
     }
 
     /// The store's URL (`--store`'s value; `tiered` for the tiered store).

@@ -37,10 +37,14 @@ pub enum ConnectError {
     },
 }
 
+/// The runtime the RocketMQ client runs on.
+///
 /// The client takes a runtime of its own (it never uses the caller's): its
 /// connections, rebalancing and offset upkeep run there, and the consume
 /// listener runs on its blocking threads. Dropping the host ends it at once.
-pub(crate) struct ClientHost {
+/// Public for a caller that uses the client's own producers, consumers or
+/// admin beside idem's (a check that reads the broker without idem's code).
+pub struct ClientHost {
     owner: Mutex<Option<RuntimeOwner>>,
     runtime: Arc<ClientRuntime>,
 }
@@ -48,8 +52,8 @@ pub(crate) struct ClientHost {
 impl ClientHost {
     /// A runtime whose blocking lane admits `waiting` listener calls at
     /// once without a timeout: each waits for the runner's verdict, as long
-    /// as the handler takes.
-    pub(crate) fn new(waiting: usize) -> Result<Arc<Self>, ConnectError> {
+    /// as the handler takes. A client with no listener passes 0.
+    pub fn new(waiting: usize) -> Result<Arc<Self>, ConnectError> {
         let fail = |reason: String| ConnectError::Client {
             what: "client runtime",
             reason,
@@ -82,13 +86,19 @@ impl ClientHost {
         }))
     }
 
-    pub(crate) fn runtime(&self) -> Arc<ClientRuntime> {
+    /// The handle the client's builders and `start` take.
+    pub fn runtime(&self) -> Arc<ClientRuntime> {
         Arc::clone(&self.runtime)
     }
 
     /// Stops the client's runtime: its tasks end, its connections close.
     /// Blocked listener threads are left to return on their own.
-    pub(crate) async fn shutdown(&self) {
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future leaves the runtime to stop when the host is
+    /// dropped.
+    pub async fn shutdown(&self) {
         let _ = Box::pin(self.runtime.shutdown()).await;
         self.stop_now();
     }

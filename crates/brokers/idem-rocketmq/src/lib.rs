@@ -51,7 +51,7 @@ mod monitor;
 mod publisher;
 mod source;
 
-pub use client::ConnectError;
+pub use client::{ClientHost, ConnectError};
 pub use config::{ConfigError, RocketMqConfig};
 pub use dlq::RocketMqDeadLetters;
 pub use monitor::RocketMqMonitor;

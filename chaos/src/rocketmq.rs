@@ -1,0 +1,116 @@
+//! RocketMQ's end state read with the RocketMQ client's own pull consumer
+//! and admin rather than idem's source: the dead-letter topic whole, from
+//! each queue's minimum to its maximum offset committing nothing, and the
+//! consumers' group's progress as the broker counts it.
+
+#![allow(deprecated)] // The classic pull consumer reads between two offsets.
+
+use std::time::Duration;
+
+use idem_rocketmq::ClientHost;
+use rocketmq_client_rust::{DefaultMQAdminExt, DefaultMQPullConsumer, MQAdminReadExt, PullStatus};
+
+/// Messages one pull asks for.
+const PULL: i32 = 32;
+
+/// How long the group's committed offsets may take to reach the end: the
+/// client commits every 5 s and at shutdown.
+const COMMIT_WAIT: Duration = Duration::from_secs(12);
+
+/// Every message of `topic` through `key` (the run's key in a body).
+pub async fn read_all(
+    name_servers: &str,
+    topic: &str,
+    key: fn(&[u8]) -> String,
+) -> Result<Vec<String>, String> {
+    let host = ClientHost::new(0).map_err(|e| e.to_string())?;
+    let read = async {
+        let consumer = DefaultMQPullConsumer::builder(host.runtime())
+            .consumer_group(format!("idem-chaos-reader-{}", std::process::id()))
+            .name_server_addr(name_servers.to_owned())
+            .build()
+            .map_err(|e| format!("a pull consumer: {e}"))?;
+        Box::pin(consumer.start())
+            .await
+            .map_err(|e| format!("a pull consumer: {e}"))?;
+        let queues = Box::pin(consumer.fetch_subscribe_message_queues(topic))
+            .await
+            .map_err(|e| format!("the queues of topic {topic}: {e}"))?;
+        let mut keys = Vec::new();
+        for q in &queues {
+            let fail = |e: &dyn std::fmt::Display| format!("reading topic {topic}: {e}");
+            let mut offset = Box::pin(consumer.min_offset(q))
+                .await
+                .map_err(|e| fail(&e))?;
+            let max = Box::pin(consumer.max_offset(q))
+                .await
+                .map_err(|e| fail(&e))?;
+            while offset < max {
+                let pulled = Box::pin(consumer.pull(q, "*", offset, PULL))
+                    .await
+                    .map_err(|e| fail(&e))?;
+                if *pulled.pull_status() == PullStatus::Found {
+                    for m in pulled.msg_found_list().unwrap_or_default() {
+                        keys.push(key(&m.body().unwrap_or_default()));
+                    }
+                }
+                let next = i64::try_from(pulled.next_begin_offset()).unwrap_or(i64::MAX);
+                if next <= offset {
+                    return Err(format!(
+                        "topic {topic} queue {}: stuck at offset {offset} below its end {max}",
+                        q.queue_id()
+                    ));
+                }
+                offset = next;
+            }
+        }
+        // The read is done; a shutdown that fails loses nothing.
+        let _ = Box::pin(consumer.shutdown()).await;
+        Ok(keys)
+    };
+    let keys = read.await;
+    host.shutdown().await;
+    keys
+}
+
+/// Messages of `group`'s topics (its subscription and `%RETRY%GROUP`)
+/// stored but not committed as consumed, waited on for up to
+/// [`COMMIT_WAIT`] to reach zero: a problem when they do not.
+pub async fn group_backlog(name_servers: &str, group: &str) -> Result<Option<String>, String> {
+    let host = ClientHost::new(0).map_err(|e| e.to_string())?;
+    let read = async {
+        let mut admin = DefaultMQAdminExt::new(host.runtime());
+        admin
+            .client_config_mut()
+            .set_instance_name(format!("idem-chaos-admin-{}", std::process::id()).into());
+        admin.set_namesrv_addr(name_servers.to_owned());
+        Box::pin(admin.start())
+            .await
+            .map_err(|e| format!("an admin client: {e}"))?;
+        let deadline = tokio::time::Instant::now() + COMMIT_WAIT;
+        let behind = loop {
+            let stats = Box::pin(admin.examine_consume_stats(group.into(), None, None, None, None))
+                .await
+                .map_err(|e| format!("the progress of group {group}: {e}"))?;
+            let behind: i64 = stats
+                .offset_table
+                .values()
+                .map(|o| (o.get_broker_offset() - o.get_consumer_offset().max(0)).max(0))
+                .sum();
+            if behind == 0 || tokio::time::Instant::now() >= deadline {
+                break behind;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        Box::pin(admin.shutdown()).await;
+        Ok((behind != 0).then(|| {
+            format!(
+                "RocketMQ group {group}: {behind} messages stored but not consumed at the end \
+                 ({COMMIT_WAIT:?} after the consumers stopped)"
+            )
+        }))
+    };
+    let problem = read.await;
+    host.shutdown().await;
+    problem
+}
