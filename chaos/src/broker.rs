@@ -433,7 +433,12 @@ impl Channel {
                 let config = idem_rocketmq::RocketMqConfig::from_url(&self.from)
                     .map_err(|e| e.to_string())?;
                 problems.extend(
-                    crate::rocketmq::group_backlog(config.name_servers(), config.group()).await?,
+                    crate::rocketmq::group_backlog(
+                        config.name_servers(),
+                        config.group(),
+                        crate::rocketmq::COMMIT_WAIT,
+                    )
+                    .await?,
                 );
             }
             Broker::Proxy | Broker::Serve => return Ok(None),

@@ -15,7 +15,7 @@ const PULL: i32 = 32;
 
 /// How long the group's committed offsets may take to reach the end: the
 /// client commits every 5 s and at shutdown.
-const COMMIT_WAIT: Duration = Duration::from_secs(12);
+pub const COMMIT_WAIT: Duration = Duration::from_secs(12);
 
 /// Every message of `topic` through `key` (the run's key in a body).
 pub async fn read_all(
@@ -74,9 +74,13 @@ pub async fn read_all(
 }
 
 /// Messages of `group`'s topics (its subscription and `%RETRY%GROUP`)
-/// stored but not committed as consumed, waited on for up to
-/// [`COMMIT_WAIT`] to reach zero: a problem when they do not.
-pub async fn group_backlog(name_servers: &str, group: &str) -> Result<Option<String>, String> {
+/// stored but not committed as consumed, waited on for up to `wait` (see
+/// [`COMMIT_WAIT`]) to reach zero: a problem when they do not.
+pub async fn group_backlog(
+    name_servers: &str,
+    group: &str,
+    wait: Duration,
+) -> Result<Option<String>, String> {
     let host = ClientHost::new(0).map_err(|e| e.to_string())?;
     let read = async {
         let mut admin = DefaultMQAdminExt::new(host.runtime());
@@ -87,7 +91,7 @@ pub async fn group_backlog(name_servers: &str, group: &str) -> Result<Option<Str
         Box::pin(admin.start())
             .await
             .map_err(|e| format!("an admin client: {e}"))?;
-        let deadline = tokio::time::Instant::now() + COMMIT_WAIT;
+        let deadline = tokio::time::Instant::now() + wait;
         let behind = loop {
             let stats = Box::pin(admin.examine_consume_stats(group.into(), None, None, None, None))
                 .await
@@ -106,11 +110,88 @@ pub async fn group_backlog(name_servers: &str, group: &str) -> Result<Option<Str
         Ok((behind != 0).then(|| {
             format!(
                 "RocketMQ group {group}: {behind} messages stored but not consumed at the end \
-                 ({COMMIT_WAIT:?} after the consumers stopped)"
+                 (after waiting {wait:?} for the client's commits)"
             )
         }))
     };
     let problem = read.await;
     host.shutdown().await;
     problem
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_consumer::Source;
+
+    fn key(body: &[u8]) -> String {
+        serde_json::from_slice::<serde_json::Value>(body).unwrap()["key"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// Against the test broker: messages a group has not consumed show as
+    /// its backlog, one it consumed whole shows none, and the reader gets
+    /// every message of a topic.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn unconsumed_messages_show_as_backlog_and_every_message_is_read() {
+        let base =
+            idem_testkit::services::url("IDEM_TEST_ROCKETMQ_URL", "rocketmq://127.0.0.1:9876");
+        let publisher = match idem_rocketmq::RocketMqPublisher::connect(&base).await {
+            Ok(p) => p,
+            Err(e) => {
+                idem_testkit::services::absent::<()>("RocketMQ", &base, e);
+                return;
+            }
+        };
+        let topic = format!("chaos_rocketmq_reader_{:x}", fastrand::u32(..));
+        let group = format!("{topic}_group");
+        publisher.create_topic(&topic, 2).await.unwrap();
+        let config =
+            idem_rocketmq::RocketMqConfig::from_url(&format!("{base}?topic={topic}&group={group}"))
+                .unwrap();
+        let name_servers = config.name_servers().to_owned();
+        let source = idem_rocketmq::RocketMqSource::connect(config)
+            .await
+            .unwrap();
+        let publish = async |keys: &[&str]| {
+            for k in keys {
+                let body = format!(r#"{{"key":"{k}"}}"#);
+                publisher.publish(&topic, k, &[], body).await.unwrap();
+            }
+        };
+        publish(&["a", "b", "c"]).await;
+        let mut consumed = 0;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while consumed < 3 && tokio::time::Instant::now() < deadline {
+            for delivery in source.fetch(8).await.unwrap() {
+                source.ack(delivery).await.unwrap();
+                consumed += 1;
+            }
+        }
+        assert_eq!(consumed, 3, "the group consumed what was published");
+        // Commits the offsets.
+        source.shutdown().await;
+        let none = group_backlog(&name_servers, &group, COMMIT_WAIT)
+            .await
+            .unwrap();
+        assert_eq!(
+            none, None,
+            "a group that consumed everything is behind by nothing"
+        );
+        publish(&["d", "e"]).await;
+        let behind = group_backlog(&name_servers, &group, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .expect("two messages no one consumed");
+        assert!(
+            behind.contains(": 2 messages stored but not consumed"),
+            "{behind}"
+        );
+        let mut keys = read_all(&name_servers, &topic, key).await.unwrap();
+        keys.sort();
+        assert_eq!(keys, ["a", "b", "c", "d", "e"]);
+        publisher.shutdown().await;
+    }
 }
