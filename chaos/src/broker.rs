@@ -174,7 +174,9 @@ pub struct Channel {
 // One a run: the size of the largest variant costs nothing.
 #[allow(clippy::large_enum_variant)]
 enum Producer {
-    Amqp(AmqpPublisher),
+    /// A RabbitMQ restart closes the publisher's connection: the producer
+    /// opens a new one with the config.
+    Amqp(tokio::sync::RwLock<AmqpPublisher>, AmqpConfig),
     Nats(JetStreamPublisher, String),
     RedisStreams(RedisStreamPublisher),
     Kafka(KafkaPublisher, String),
@@ -220,7 +222,7 @@ impl Channel {
                     dead_letters: format!("{base}?queue={}", config.dead_letter_queue()),
                     from,
                     queues: Some((base, config.queues())),
-                    producer: Producer::Amqp(publisher),
+                    producer: Producer::Amqp(tokio::sync::RwLock::new(publisher), config),
                     name: name.to_owned(),
                 })
             }
@@ -458,7 +460,21 @@ impl Channel {
             m
         };
         match &self.producer {
-            Producer::Amqp(p) => p.publish(&message()).await.map_err(|e| e.to_string()),
+            Producer::Amqp(p, config) => {
+                if p.read().await.publish(&message()).await.is_ok() {
+                    return Ok(());
+                }
+                // Once under the write lock: another publish may have
+                // opened a new connection meanwhile.
+                let mut p = p.write().await;
+                if p.publish(&message()).await.is_ok() {
+                    return Ok(());
+                }
+                *p = AmqpPublisher::connect(config)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                p.publish(&message()).await.map_err(|e| e.to_string())
+            }
             Producer::Nats(p, subject) => p
                 .publish(subject, &id, &[], body.clone())
                 .await

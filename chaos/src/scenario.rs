@@ -338,8 +338,15 @@ pub async fn run(spec: &Spec, idem: &Path) -> Result<Outcome, String> {
         Some(Err(e)) => outcome.problem(e),
         None => {}
     }
-    if let Some(calls) = replayed {
-        judge::judge_replay(&mut outcome, &record, &calls, &[]);
+    if let Some(replayed) = replayed {
+        judge::judge_replay(&mut outcome, &record, &replayed.calls, &[]);
+        if let Some((key, error)) = replayed.unpublished.first() {
+            outcome.problem(format!(
+                "{} final copies could not be published, so they checked nothing (the first, \
+                 of {key}: {error})",
+                replayed.unpublished.len()
+            ));
+        }
     }
     match leftovers {
         Some(Ok(Some(problems))) => problems.into_iter().for_each(|p| outcome.problem(p)),
@@ -388,10 +395,18 @@ async fn leftovers(channel: &Channel, broker: Broker) -> Result<Option<Vec<Strin
     }
 }
 
+/// What the final copies showed.
+struct Replayed {
+    /// The handler calls per key the copies caused.
+    calls: HashMap<String, u64>,
+    /// The keys whose copy the broker never took, each with the last
+    /// error: the check did not run for them.
+    unpublished: Vec<(String, String)>,
+}
+
 /// Publishes one more copy of every key and waits until the consumers
-/// have been quiet a while; answers the handler calls per key the copies
-/// caused.
-async fn replay(channel: &Channel, keys: &[String], sink: &Sink) -> HashMap<String, u64> {
+/// have been quiet a while.
+async fn replay(channel: &Channel, keys: &[String], sink: &Sink) -> Replayed {
     let before: HashMap<String, usize> = sink.with(|l| {
         l.record
             .keys
@@ -399,16 +414,22 @@ async fn replay(channel: &Channel, keys: &[String], sink: &Sink) -> HashMap<Stri
             .map(|(k, calls)| (k.clone(), calls.len()))
             .collect()
     });
-    futures_util::stream::iter(keys)
-        .for_each_concurrent(16, |key| async move {
+    let unpublished: Vec<(String, String)> = futures_util::stream::iter(keys)
+        .map(|key| async move {
             // Copy 5: the others are 0 to 4, and NATS drops a repeated id.
+            let mut last = String::new();
             for _ in 0..50 {
-                if channel.publish(key, 5).await.is_ok() {
-                    return;
+                match channel.publish(key, 5).await {
+                    Ok(()) => return None,
+                    Err(e) => last = e,
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
+            Some((key.clone(), last))
         })
+        .buffer_unordered(16)
+        .filter_map(std::future::ready)
+        .collect()
         .await;
     let published = Instant::now();
     loop {
@@ -427,7 +448,7 @@ async fn replay(channel: &Channel, keys: &[String], sink: &Sink) -> HashMap<Stri
             break;
         }
     }
-    sink.with(|l| {
+    let calls = sink.with(|l| {
         l.record
             .keys
             .iter()
@@ -436,7 +457,8 @@ async fn replay(channel: &Channel, keys: &[String], sink: &Sink) -> HashMap<Stri
                 (new > 0).then(|| (k.clone(), new as u64))
             })
             .collect()
-    })
+    });
+    Replayed { calls, unpublished }
 }
 
 /// Crashes the store and starts it again, notes what it lost, and
