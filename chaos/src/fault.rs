@@ -47,8 +47,10 @@ pub enum Fault {
     /// resumed (`SIGCONT`), a few times: the store hangs, its clock runs.
     StorePause,
     /// The disk under the store's files fills up (a small tmpfs of the
-    /// run's own, a ballast file taking what room is left) for two leases,
-    /// then the ballast is deleted and the store restarted: the consumer
+    /// run's own, a ballast file taking what room is left, and outcomes
+    /// too large for the last page of the store's files) until the store
+    /// refuses a write and for two leases, then the ballast is deleted and
+    /// the store restarted: the consumer
     /// process for the file store, which stops at the first write the disk
     /// refuses; `redis-server` for Redis with `appendfsync always`, which
     /// exits at it. Nothing acknowledged may be lost (docs/guarantees.md,

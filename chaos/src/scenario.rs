@@ -527,8 +527,9 @@ fn consumer_logs(dir: &Path) -> HashMap<PathBuf, String> {
 }
 
 /// The longest a run keeps the store's disk full waiting for the store to
-/// refuse a write: the room left in the last page of each of its files
-/// takes a few kilobytes of writes first.
+/// refuse a write (the handler's outcomes, heavy meanwhile, need more room
+/// than the last page of each of the store's files still has, so the first
+/// completion is refused).
 const DISK_FULL_LONGEST: Duration = Duration::from_secs(30);
 
 /// Fills the disk under the store until the store has refused a write (the
@@ -548,6 +549,9 @@ async fn fill_the_disk(
     let from = sink.now();
     let applied_before = sink.with(|l| l.applied);
     store.fill_disk()?;
+    // Outcomes larger than the room left in the last page of the store's
+    // files: the next completion needs room the disk no longer has.
+    sink.heavy_answers(true);
     let filled = Instant::now();
     let refused = loop {
         let refused = match store.kind {
@@ -564,6 +568,7 @@ async fn fill_the_disk(
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     at("freeing the store's disk");
+    sink.heavy_answers(false);
     store.free_disk().await?;
     if store.kind == StoreKind::File {
         // The stopped store takes no more operations until the process

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Path, State};
@@ -118,7 +119,14 @@ struct Shared {
     ledger: Mutex<Ledger>,
     procs: Procs,
     events: mpsc::UnboundedSender<Event>,
+    /// Whether a successful call is answered with [`HEAVY_ANSWER`] bytes.
+    heavy: AtomicBool,
 }
+
+/// The size of a heavy answer: more than the last page of each of a
+/// store's files holds, so that storing it as the outcome needs room on
+/// the disk.
+const HEAVY_ANSWER: usize = 64 << 10;
 
 impl Shared {
     fn now(&self) -> Duration {
@@ -163,6 +171,7 @@ impl Sink {
             }),
             procs,
             events,
+            heavy: AtomicBool::new(false),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -232,6 +241,14 @@ impl Sink {
         });
     }
 
+    /// With `on`, answers each successful call with [`HEAVY_ANSWER`] bytes,
+    /// which the consumer stores as its outcome: on a full disk the store's
+    /// next completion then needs a new page, and is refused at once rather
+    /// than after the few kilobytes the last page of its files still holds.
+    pub fn heavy_answers(&self, on: bool) {
+        self.shared.heavy.store(on, Ordering::Relaxed);
+    }
+
     /// Notes `fault` in the ledger without counting it as a fault of its
     /// own (a part of one counted already).
     pub fn note(&self, fault: Injected) {
@@ -262,6 +279,23 @@ fn header<T: std::str::FromStr>(h: &HeaderMap, name: &str) -> Option<T> {
 /// process `process`.
 async fn call(
     State(s): State<Arc<Shared>>,
+    path: Path<(usize, u32)>,
+    headers: HeaderMap,
+) -> (StatusCode, Vec<u8>) {
+    let status = handle(&s, path, headers).await;
+    let heavy = status.is_success() && s.heavy.load(Ordering::Relaxed);
+    (
+        status,
+        if heavy {
+            vec![b'x'; HEAVY_ANSWER]
+        } else {
+            Vec::new()
+        },
+    )
+}
+
+async fn handle(
+    s: &Arc<Shared>,
     Path((slot, process)): Path<(usize, u32)>,
     headers: HeaderMap,
 ) -> StatusCode {
@@ -307,15 +341,15 @@ async fn call(
             if duplicate {
                 let _ = s.events.send(Event::Duplicate(key.clone()));
             }
-            unheld(&s, &key, process).await;
-            answer(&s, &key, index, token)
+            unheld(s, &key, process).await;
+            answer(s, &key, index, token)
         }
         Action::Slow { per_mille } => {
             // Another copy while the handler works: its consumer must find
             // the key held, however long the work takes.
             let _ = s.events.send(Event::Duplicate(key.clone()));
             tokio::time::sleep(s.lease * per_mille / 1000).await;
-            answer(&s, &key, index, token)
+            answer(s, &key, index, token)
         }
         Action::Fail => {
             s.ledger
@@ -339,7 +373,7 @@ async fn call(
             StatusCode::INTERNAL_SERVER_ERROR
         }
         Action::KillAfterAnswer => {
-            let status = answer(&s, &key, index, token);
+            let status = answer(s, &key, index, token);
             // The answer is on its way; the kill lands while the consumer
             // stores the outcome or acks.
             let s = s.clone();
@@ -349,7 +383,7 @@ async fn call(
             });
             status
         }
-        Action::Zombie => zombie(&s, slot, process, &key, index, token).await,
+        Action::Zombie => zombie(s, slot, process, &key, index, token).await,
     }
 }
 
