@@ -189,6 +189,21 @@ impl Fault {
         )
     }
 
+    /// Whether each injection holds the run up for two leases or more
+    /// (the store or the broker slowed, unreachable or paused for two
+    /// leases; a stopped holder waiting for a takeover).
+    pub fn lasts_two_leases(self) -> bool {
+        matches!(
+            self,
+            Fault::Zombie
+                | Fault::StoreSlow
+                | Fault::StorePartition
+                | Fault::StorePause
+                | Fault::BrokerSlow
+                | Fault::BrokerPartition
+        )
+    }
+
     /// Whether the fault is injected at handler calls (the rest are timed
     /// by the run).
     pub fn at_calls(self) -> bool {

@@ -27,10 +27,11 @@
 //! keeps what it acknowledged explain nothing. Each fault explains at most
 //! one double per claim it cut: the row's bound.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::record::{Call, End, Injected, Record};
 
@@ -39,15 +40,15 @@ use crate::record::{Call, End, Injected, Record};
 const BEGIN_TO_CALL: Duration = Duration::from_millis(250);
 
 /// The names a row is shown under, and the command that runs it again.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Names {
-    pub broker: &'static str,
-    pub store: &'static str,
-    pub fault: &'static str,
-    pub runner: &'static str,
+    pub broker: Cow<'static, str>,
+    pub store: Cow<'static, str>,
+    pub fault: Cow<'static, str>,
+    pub runner: Cow<'static, str>,
     pub command: String,
     /// What this broker cannot do, said beside its rows.
-    pub limits: Option<&'static str>,
+    pub limits: Option<Cow<'static, str>>,
 }
 
 /// What the judge is told besides the record.
@@ -75,7 +76,7 @@ pub struct Facts {
 }
 
 /// Why a double effect was allowed.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct Reasons {
     pub kill: u64,
     pub stop: u64,
@@ -109,7 +110,7 @@ enum Reason {
 }
 
 /// What one run showed.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Outcome {
     #[serde(flatten)]
     pub names: Names,
@@ -842,10 +843,10 @@ mod tests {
     fn facts(keys: &[&str]) -> Facts {
         Facts {
             names: Names {
-                broker: "b",
-                store: "s",
-                fault: "f",
-                runner: "r",
+                broker: "b".into(),
+                store: "s".into(),
+                fault: "f".into(),
+                runner: "r".into(),
                 command: String::new(),
                 limits: None,
             },

@@ -152,7 +152,7 @@ pub fn markdown(
     }
     let limits: std::collections::BTreeSet<(&str, &str)> = rows
         .iter()
-        .filter_map(|o| o.names.limits.map(|l| (o.names.broker, l)))
+        .filter_map(|o| Some((&*o.names.broker, o.names.limits.as_deref()?)))
         .collect();
     if !limits.is_empty() || !skipped.is_empty() {
         s.push_str("\nNot run, and the test brokers' limits:\n\n");

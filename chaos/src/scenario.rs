@@ -554,6 +554,10 @@ async fn fill_the_disk(
     sink.heavy_answers(true);
     let filled = Instant::now();
     let refused = loop {
+        // Whatever the store frees meanwhile (a failed append-only rewrite
+        // deletes its temporary file; a file store compaction, its old
+        // tables) goes to the ballast at once: the disk stays full.
+        store.fill_disk()?;
         let refused = match store.kind {
             StoreKind::File => consumer_logs(logs).into_iter().any(|(path, text)| {
                 let seen = before.get(&path).map_or(0, String::len);
@@ -567,6 +571,7 @@ async fn fill_the_disk(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    let report = store.disk_report();
     at("freeing the store's disk");
     sink.heavy_answers(false);
     store.free_disk().await?;
@@ -581,7 +586,7 @@ async fn fill_the_disk(
         return Err(format!(
             "the disk under the {} store was full for {DISK_FULL_LONGEST:?}, but the store never \
              refused a write (no consumer logged that its disk is full, or redis-server did not \
-             exit); {applied} messages had their effect meanwhile",
+             exit); {applied} messages had their effect meanwhile; at the end, {report}",
             store.kind
         ));
     }

@@ -119,12 +119,12 @@ impl Spec {
     /// The names this spec's row is shown under.
     pub fn names(&self) -> Names {
         Names {
-            broker: self.broker.title(),
-            store: self.store.title(),
-            fault: self.fault.title(),
-            runner: self.runner.title(),
+            broker: self.broker.title().into(),
+            store: self.store.title().into(),
+            fault: self.fault.title().into(),
+            runner: self.runner.title().into(),
             command: self.command(),
-            limits: self.broker.limits(),
+            limits: self.broker.limits().map(Into::into),
         }
     }
 

@@ -208,6 +208,31 @@ impl Store {
             .map_err(|e| format!("filling the disk at {}: {e}", disk.path().display()))
     }
 
+    /// What is on the small disk: each file's size and the room left, for
+    /// a run whose fill the store never noticed.
+    pub fn disk_report(&self) -> String {
+        let Some(disk) = &self.disk else {
+            return "no small disk".into();
+        };
+        let mut files = Vec::new();
+        let mut dirs = vec![disk.path().to_owned()];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let Ok(meta) = entry.metadata() else { continue };
+                if meta.is_dir() {
+                    dirs.push(entry.path());
+                } else {
+                    let name = entry.path();
+                    let name = name.strip_prefix(disk.path()).unwrap_or(&name);
+                    files.push(format!("{} {} B", name.display(), meta.len()));
+                }
+            }
+        }
+        files.sort();
+        let free = disk_free(disk.path()).map_or_else(|e| e, |b| format!("{b} B"));
+        format!("room left {free}; files: {}", files.join(", "))
+    }
+
     /// Whether the store's own `redis-server` has exited (it does at the
     /// first append-only write its full disk refuses).
     pub fn server_exited(&mut self) -> Result<bool, String> {
@@ -778,4 +803,19 @@ pub async fn start_daemon(exec: &str, args: &[&str]) -> Result<(), String> {
         all.extend_from_slice(args);
     }
     shell("start-stop-daemon", &all).await.map(drop)
+}
+
+/// The bytes an unprivileged writer can still put on the filesystem at
+/// `path`, as `df` reads them.
+fn disk_free(path: &Path) -> Result<u64, String> {
+    let out = std::process::Command::new("df")
+        .args(["-B1", "--output=avail"])
+        .arg(path)
+        .output()
+        .map_err(|e| format!("df: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .ok_or_else(|| format!("df printed {:?}", text.trim()))
 }

@@ -55,7 +55,7 @@ pub async fn stamp() -> Vec<(&'static str, String)> {
 }
 
 /// The commit checked out, with `+changes` when the tree differs from it.
-async fn commit() -> String {
+pub async fn commit() -> String {
     let head = read("git", &["rev-parse", "--short=12", "HEAD"]).await;
     let dirty = shell("git", &["status", "--porcelain", "--untracked-files=no"])
         .await

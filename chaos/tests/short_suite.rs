@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The whole suite's bound: it takes about twenty-five minutes on two cores;
+/// The whole suite's bound: it takes about twenty minutes on two cores;
 /// each run inside it has a bound of its own, and this one catches
 /// anything past them.
 const LIMIT: Duration = Duration::from_secs(45 * 60);
