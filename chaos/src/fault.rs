@@ -190,12 +190,13 @@ impl Fault {
     }
 
     /// Whether each injection holds the run up for two leases or more
-    /// (the store or the broker slowed, unreachable or paused for two
-    /// leases; a stopped holder waiting for a takeover).
+    /// (the store or the broker slowed, unreachable, paused or out of
+    /// disk for two leases; a stopped holder waiting for a takeover).
     pub fn lasts_two_leases(self) -> bool {
         matches!(
             self,
             Fault::Zombie
+                | Fault::DiskFull
                 | Fault::StoreSlow
                 | Fault::StorePartition
                 | Fault::StorePause

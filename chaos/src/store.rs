@@ -208,9 +208,10 @@ impl Store {
             .map_err(|e| format!("filling the disk at {}: {e}", disk.path().display()))
     }
 
-    /// What is on the small disk: each file's size and the room left, for
-    /// a run whose fill the store never noticed.
-    pub fn disk_report(&self) -> String {
+    /// What is on the small disk: each file's size and the room left, and
+    /// for Redis its persistence state and the end of its log, for a run
+    /// whose fill the store never noticed.
+    pub async fn disk_report(&self) -> String {
         let Some(disk) = &self.disk else {
             return "no small disk".into();
         };
@@ -230,7 +231,59 @@ impl Store {
         }
         files.sort();
         let free = disk_free(disk.path()).map_or_else(|e| e, |b| format!("{b} B"));
-        format!("room left {free}; files: {}", files.join(", "))
+        let mut report = format!("room left {free}; files: {}", files.join(", "));
+        if let Some(redis) = &self.redis {
+            let info = shell(
+                "redis-cli",
+                &["-p", &redis.port.to_string(), "info", "persistence"],
+            )
+            .await
+            .unwrap_or_else(|e| e);
+            let wanted: Vec<&str> = info
+                .lines()
+                .filter(|l| {
+                    [
+                        "aof_enabled",
+                        "aof_last_write_status",
+                        "aof_rewrite_in_progress",
+                    ]
+                    .iter()
+                    .any(|k| l.starts_with(k))
+                })
+                .map(str::trim)
+                .collect();
+            let log = std::fs::read_to_string(redis.dir.join("redis.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(8).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            report.push_str(&format!(
+                "; redis-server: {}; its log ends: {}",
+                wanted.join(" "),
+                tail.join(" | ")
+            ));
+        }
+        report
+    }
+
+    /// Has the store's own `redis-server` write 64 KiB to its append-only
+    /// file (a key of the run's own, outside idem's): on a full disk it
+    /// exits at that append, whether or not the consumers write meanwhile.
+    /// Nothing for the other stores.
+    pub async fn write_a_page(&self) {
+        if let Some(redis) = &self.redis {
+            let value = "x".repeat(64 << 10);
+            let _ = shell_with_input(
+                "redis-cli",
+                &[
+                    "-p",
+                    &redis.port.to_string(),
+                    "-x",
+                    "SET",
+                    "idem-chaos:page",
+                ],
+                &value,
+            )
+            .await;
+        }
     }
 
     /// Whether the store's own `redis-server` has exited (it does at the
