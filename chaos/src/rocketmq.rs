@@ -81,18 +81,29 @@ pub async fn read_all(
     keys
 }
 
+/// An admin client of `name_servers` on `host`'s runtime, started; `role`
+/// goes into its instance name.
+async fn start_admin(
+    host: &ClientHost,
+    role: &str,
+    name_servers: &str,
+) -> Result<DefaultMQAdminExt, String> {
+    let mut admin = DefaultMQAdminExt::new(host.runtime());
+    admin
+        .client_config_mut()
+        .set_instance_name(format!("idem-chaos-{role}-{}", std::process::id()).into());
+    admin.set_namesrv_addr(name_servers.to_owned());
+    Box::pin(admin.start())
+        .await
+        .map_err(|e| format!("an admin client: {e}"))?;
+    Ok(admin)
+}
+
 /// Whether the name server lists `topic`.
 async fn topic_exists(name_servers: &str, topic: &str) -> Result<bool, String> {
     let host = ClientHost::new(0).map_err(|e| e.to_string())?;
     let read = async {
-        let mut admin = DefaultMQAdminExt::new(host.runtime());
-        admin
-            .client_config_mut()
-            .set_instance_name(format!("idem-chaos-topics-{}", std::process::id()).into());
-        admin.set_namesrv_addr(name_servers.to_owned());
-        Box::pin(admin.start())
-            .await
-            .map_err(|e| format!("an admin client: {e}"))?;
+        let mut admin = start_admin(&host, "topics", name_servers).await?;
         let listed = Box::pin(admin.fetch_all_topic_list())
             .await
             .map_err(|e| format!("the topics the name server knows: {e}"));
@@ -114,14 +125,7 @@ pub async fn group_backlog(
 ) -> Result<Option<String>, String> {
     let host = ClientHost::new(0).map_err(|e| e.to_string())?;
     let read = async {
-        let mut admin = DefaultMQAdminExt::new(host.runtime());
-        admin
-            .client_config_mut()
-            .set_instance_name(format!("idem-chaos-admin-{}", std::process::id()).into());
-        admin.set_namesrv_addr(name_servers.to_owned());
-        Box::pin(admin.start())
-            .await
-            .map_err(|e| format!("an admin client: {e}"))?;
+        let mut admin = start_admin(&host, "admin", name_servers).await?;
         let deadline = tokio::time::Instant::now() + wait;
         let behind = loop {
             let stats = Box::pin(admin.examine_consume_stats(group.into(), None, None, None, None))
