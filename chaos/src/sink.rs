@@ -400,7 +400,8 @@ fn answer(s: &Shared, key: &str, index: usize, token: u64) -> StatusCode {
 }
 
 /// Stops the caller (SIGSTOP) mid-call, has another copy of its message
-/// published, waits until another consumer has taken the key over, then
+/// published (one a lease, until another consumer has taken the key over:
+/// see below), waits for that takeover, then
 /// lets the stopped caller's write arrive late, resumes it, and answers.
 /// Every other stop lets the late write land after the new holder's write
 /// (the new holder's token already applied); the others, after the new
@@ -434,14 +435,21 @@ async fn zombie(
         });
         (l.record.faults.len() - 1, before_write)
     };
-    let _ = s.events.send(Event::Duplicate(key.to_owned()));
     let deadline = Instant::now() + s.lease * 4 + Duration::from_secs(30);
+    // A copy a lease until another consumer takes the key over: a broker
+    // that pushes messages (RabbitMQ) may hand a copy to the stopped
+    // consumer itself, whose prefetch has room, and there it stays.
+    let mut next_copy = Instant::now();
     while Instant::now() < deadline {
         let taken_over = s.ledger.lock().record.keys[key]
             .iter()
             .any(|c| c.process != process && (before_write || c.effect));
         if taken_over {
             break;
+        }
+        if Instant::now() >= next_copy {
+            let _ = s.events.send(Event::Duplicate(key.to_owned()));
+            next_copy = Instant::now() + s.lease;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -129,7 +129,7 @@ pub fn header_text_within(text: &str, max: usize) -> Cow<'_, str> {
 }
 
 fn needs_escape(c: char) -> bool {
-    c.is_control() || c == '\u{2028}' || c == '\u{2029}'
+    idem_core::text::is_invisible(c)
 }
 
 #[cfg(test)]

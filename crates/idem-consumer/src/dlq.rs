@@ -139,8 +139,22 @@ impl Selection {
     }
 }
 
-/// A predicate that picks dead letters for [`DeadLetterQueue::replay`].
+/// A predicate that picks dead letters for [`DeadLetterQueue::settle`].
 pub type Choose<'a> = &'a (dyn Fn(&Parked) -> bool + Send + Sync);
+
+/// What [`DeadLetterQueue::settle`] does with each dead letter it picks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settle {
+    /// Republish it to the work queue or topic, then remove it.
+    Replay,
+    /// Remove it, for good (an operator decided it must not run).
+    Drop,
+}
+
+/// Called on each dead letter as soon as it is settled, before the next
+/// is read: whatever becomes of the rest, what was done is known (and
+/// logged) one letter at a time.
+pub type Settled<'a> = &'a (dyn Fn(&Parked) + Send + Sync);
 
 /// What runs on each chosen dead letter before it is republished (the
 /// operator's tool releases its key there): `true` to replay it, `false`
@@ -152,11 +166,12 @@ pub type Before<'a> =
 ///
 /// # Cancel safety
 ///
-/// `peek` leaves the queue as it was. `replay` moves one message at a
+/// `peek` leaves the queue as it was. `settle` moves one message at a
 /// time, publishing its copy (confirmed) before removing the original: a
-/// replay dropped part way has moved some messages and not others, and at
-/// worst one message is both replayed and still parked (the guard absorbs
-/// the duplicate if it is replayed again).
+/// replay dropped part way has moved some messages and not others (each
+/// reported through `settled` as it went), and at worst one message is
+/// both replayed and still parked (the guard absorbs the duplicate if it
+/// is replayed again).
 pub trait DeadLetterQueue: Send + Sync {
     /// Where dead letters are parked, for people: `orders.dead-letter`.
     fn name(&self) -> &str;
@@ -167,24 +182,41 @@ pub trait DeadLetterQueue: Send + Sync {
     /// Up to `limit` dead letters, oldest first, leaving them parked.
     fn peek(&self, limit: usize) -> BoxFuture<'_, Result<Vec<Parked>, SourceError>>;
 
-    /// Republishes the dead letters `choose` picks, oldest first and at
-    /// most `limit`, to the work queue or topic (see the module docs) and
-    /// removes each from the dead-letter queue once its copy is confirmed;
-    /// answers those replayed. [`Before`] runs on each chosen one first.
-    fn replay<'a>(
+    /// The dead letter `id`, if it is parked, leaving it parked; reads no
+    /// further than it where the queue is read in order.
+    fn find<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Parked>, SourceError>> {
+        Box::pin(async move {
+            Ok(self
+                .peek(usize::MAX)
+                .await?
+                .into_iter()
+                .find(|p| p.id == id))
+        })
+    }
+
+    /// Settles the dead letters `choose` picks, oldest first and at most
+    /// `limit`: [`Settle::Replay`] republishes each to the work queue or
+    /// topic (see the module docs) and removes it once its copy is
+    /// confirmed; [`Settle::Drop`] removes it. [`Before`] runs on each
+    /// chosen one first; `settled` on each as soon as it is done. Answers
+    /// how many were settled. A letter another run settled first (two
+    /// operators at once) is skipped, not an error.
+    fn settle<'a>(
         &'a self,
+        how: Settle,
         choose: Choose<'a>,
         limit: usize,
         before: Before<'a>,
-    ) -> BoxFuture<'a, Result<Vec<Parked>, SourceError>>;
+        settled: Settled<'a>,
+    ) -> BoxFuture<'a, Result<usize, SourceError>>;
 }
 
 /// What [`ReplayLog::unreplayed`] answers.
 pub type Unreplayed<E> = Result<Vec<(Parked, E)>, SourceError>;
 
 /// A dead-letter queue kept in a log (a Kafka or RocketMQ topic): nothing
-/// leaves it, so each replay is recorded beside it, and what was replayed
-/// is left out from then on. Such a queue is a [`DeadLetterQueue`].
+/// leaves it, so each replay (or drop) is recorded beside it, and what was
+/// settled is left out from then on. Such a queue is a [`DeadLetterQueue`].
 pub trait ReplayLog: Send + Sync {
     /// What a republish needs of a record besides the [`Parked`] (its
     /// record key, say).
@@ -199,10 +231,11 @@ pub trait ReplayLog: Send + Sync {
     /// Every dead letter not replayed yet, oldest first.
     fn unreplayed(&self) -> BoxFuture<'_, Unreplayed<Self::Extra>>;
 
-    /// Publishes `parked`'s copy to the work topic, then records its
-    /// replay.
-    fn republish<'a>(
+    /// [`Settle::Replay`]: publishes `parked`'s copy to the work topic,
+    /// then records its replay. [`Settle::Drop`]: records it as dropped.
+    fn settle_one<'a>(
         &'a self,
+        how: Settle,
         parked: &'a Parked,
         extra: &'a Self::Extra,
     ) -> BoxFuture<'a, Result<(), SourceError>>;
@@ -225,25 +258,28 @@ impl<L: ReplayLog> DeadLetterQueue for L {
         })
     }
 
-    fn replay<'a>(
+    fn settle<'a>(
         &'a self,
+        how: Settle,
         choose: Choose<'a>,
         limit: usize,
         before: Before<'a>,
-    ) -> BoxFuture<'a, Result<Vec<Parked>, SourceError>> {
+        settled: Settled<'a>,
+    ) -> BoxFuture<'a, Result<usize, SourceError>> {
         Box::pin(async move {
-            let mut moved = Vec::new();
+            let mut done = 0;
             for (p, extra) in self.unreplayed().await? {
-                if moved.len() == limit {
+                if done == limit {
                     break;
                 }
                 if !choose(&p) || !before(&p).await? {
                     continue;
                 }
-                self.republish(&p, &extra).await?;
-                moved.push(p);
+                self.settle_one(how, &p, &extra).await?;
+                settled(&p);
+                done += 1;
             }
-            Ok(moved)
+            Ok(done)
         })
     }
 }

@@ -50,6 +50,7 @@
 #![deny(missing_docs)]
 
 mod backoff;
+mod boxed;
 pub mod copy;
 pub mod dlq;
 mod handler;
@@ -63,6 +64,7 @@ pub mod testing;
 mod timed;
 
 pub use backoff::Backoff;
+pub use boxed::{AnyReceipt, BoxSource};
 pub use handler::{Handler, HandlerError};
 pub use key::{KeyFrom, KeyFromError};
 pub use memory::MemorySource;

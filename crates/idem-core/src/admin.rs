@@ -117,7 +117,7 @@ impl Finding {
 ///
 /// # Cancel safety
 ///
-/// `namespaces`, `stats` and `size` only read. `purge` deletes in batches,
+/// `namespaces`, the `stats` methods and `size` only read. `purge` deletes in batches,
 /// each atomic: dropped part way, it has removed some batches and not
 /// others, and every key stays usable; running it again finishes the job.
 pub trait Admin: Send + Sync + 'static {
@@ -129,6 +129,37 @@ pub trait Admin: Send + Sync + 'static {
         &'a self,
         namespace: &'a Namespace,
     ) -> BoxFuture<'a, Result<NamespaceStats, StoreError>>;
+
+    /// Every namespace's records, counted, in namespace order: one pass
+    /// over the store where it can make one (Redis reads the head of each
+    /// record once, every namespace together). By default
+    /// [`namespaces`](Admin::namespaces), then [`stats`](Admin::stats) of
+    /// each.
+    fn stats_all(&self) -> BoxFuture<'_, Result<Vec<(Namespace, NamespaceStats)>, StoreError>> {
+        Box::pin(async move {
+            let mut out = Vec::new();
+            for ns in self.namespaces().await? {
+                let stats = self.stats(&ns).await?;
+                out.push((ns, stats));
+            }
+            Ok(out)
+        })
+    }
+
+    /// [`stats`](Admin::stats), with the store told to give up after
+    /// `within` where it can stop its own work (a statement timeout on the
+    /// SQL stores), so that a caller who stops waiting leaves no count
+    /// running on the server. By default [`stats`](Admin::stats): the
+    /// memory and file stores count in this process, and Redis's counting
+    /// is many short commands that stop when the caller does.
+    fn stats_within<'a>(
+        &'a self,
+        namespace: &'a Namespace,
+        within: std::time::Duration,
+    ) -> BoxFuture<'a, Result<NamespaceStats, StoreError>> {
+        let _ = within;
+        self.stats(namespace)
+    }
 
     /// How much room the store takes, where it can tell.
     fn size(&self) -> BoxFuture<'_, Result<Option<StoreSize>, StoreError>>;

@@ -21,6 +21,7 @@ mod memory;
 pub mod periodic;
 mod record;
 mod store;
+pub mod text;
 pub mod tier;
 mod time;
 

@@ -230,6 +230,12 @@ pub struct FileSettings {
     pub upstream_ca_cert: Option<PathBuf>,
     /// `proxy` only.
     pub upstream_http2: Option<bool>,
+    /// `proxy` only: a duration with its unit, e.g. `"10s"`.
+    pub upstream_connect_timeout: Option<String>,
+    /// `proxy` only: a duration with its unit, e.g. `"60s"`.
+    pub upstream_timeout: Option<String>,
+    /// `proxy` only: `x-forwarded`, `forwarded` or `none`.
+    pub forwarded_headers: Option<String>,
     /// `consume` only.
     pub from: Option<String>,
     /// `consume` only.
@@ -240,6 +246,10 @@ pub struct FileSettings {
     pub key: Option<String>,
     /// `consume` only.
     pub concurrency: Option<usize>,
+    /// `consume` only.
+    pub batch: Option<usize>,
+    /// `consume` only.
+    pub batch_linger_ms: Option<u64>,
     /// `consume` only.
     pub max_attempts: Option<u32>,
     /// `consume` only.
@@ -285,6 +295,48 @@ pub fn bad(field: &'static str, problem: impl Into<String>) -> ConfigError {
         field,
         problem: problem.into(),
     }
+}
+
+/// Parses a duration or an age: `90s`, `10m`, `2h`, `1d`, `250ms` or a
+/// bare number of milliseconds.
+pub fn parse_age(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let n: u64 = number.parse().map_err(|_| {
+        format!("{s:?} is not a duration: give e.g. 90s, 10m, 2h, 1d or milliseconds")
+    })?;
+    let unit_ms: u64 = match unit {
+        "" | "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        other => {
+            return Err(format!(
+                "{other:?} is not a unit of time: use ms, s, m, h or d"
+            ));
+        }
+    };
+    n.checked_mul(unit_ms)
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("{s:?} is too long"))
+}
+
+/// The longest duration a flag takes.
+const LONGEST_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+/// A duration as [`parse_age`] reads it, from 1 ms to 24 h, for the setting
+/// `field`.
+pub fn parse_duration(field: &'static str, text: &str) -> Result<Duration, ConfigError> {
+    let d = parse_age(text).map_err(|e| bad(field, e))?;
+    if d.is_zero() || d > LONGEST_DURATION {
+        return Err(bad(
+            field,
+            format!("{:?} is out of range: give 1ms to 24h", text.trim()),
+        ));
+    }
+    Ok(d)
 }
 
 /// Reads `--config`, if given.
@@ -649,4 +701,30 @@ fn grant(field: &'static str, token: &str, namespaces: Vec<String>) -> Result<Gr
         return Err(bad(field, "name at least one namespace, or `*`"));
     }
     Ok(Grant::new(token, Namespaces::Only(namespaces)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::parse_duration;
+
+    #[test]
+    fn durations_take_their_unit_or_are_milliseconds() {
+        let ok = |t: &str| parse_duration("upstream_timeout", t).unwrap();
+        assert_eq!(ok("500ms"), Duration::from_millis(500));
+        assert_eq!(ok("750"), Duration::from_millis(750));
+        assert_eq!(ok("30s"), Duration::from_secs(30));
+        assert_eq!(ok(" 2m "), Duration::from_secs(120));
+        assert_eq!(ok("1h"), Duration::from_secs(3600));
+        assert_eq!(ok("1d"), Duration::from_secs(24 * 3600));
+        for bad in ["", "s", "1.5s", "-1s", "10 sec", "99999999999999999999s"] {
+            let e = parse_duration("upstream_timeout", bad).unwrap_err();
+            assert!(e.to_string().contains("upstream_timeout"), "{bad:?}: {e}");
+        }
+        for out in ["0s", "25h", "0"] {
+            let e = parse_duration("upstream_timeout", out).unwrap_err();
+            assert!(e.to_string().contains("1ms to 24h"), "{out:?}: {e}");
+        }
+    }
 }

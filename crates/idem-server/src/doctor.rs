@@ -8,13 +8,13 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use clap::Args;
-use idem_core::admin::{Finding, Severity};
+use idem_core::admin::{Finding, Purge, Severity};
 use idem_core::{Begin, Clock as _, Fenced, Key, Lease, Store as _, SystemClock};
 use serde_json::json;
 
-use crate::Failure;
 use crate::config::{StoreArgs, read_file, resolve_store};
 use crate::ops::shown;
+use crate::run::Failure;
 use crate::store::{self, OpenStore, StoreSpec};
 
 /// Reads the round trip is the median of.
@@ -50,13 +50,14 @@ pub struct DoctorArgs {
 pub async fn run(args: DoctorArgs) -> Result<(), Failure> {
     let file = read_file(args.store.config.as_deref())?;
     let settings = resolve_store(args.store, &file)?;
-    crate::init_logging("error")?;
+    crate::run::init_logging("error")?;
     let mut report = Report {
         json: args.json,
         failed: false,
     };
     if let Some(store) = open(&settings, &mut report).await {
         check_store(&store, &mut report).await;
+        check_settings(&store, &mut report).await;
         store.close().await;
     }
     if let Some(from) = &args.from {
@@ -134,7 +135,7 @@ async fn open(settings: &crate::config::StoreSettings, report: &mut Report) -> O
         Err(e) => {
             let why = match e {
                 Failure::Config(c) => c.to_string(),
-                Failure::Run(r) => r,
+                Failure::Run(r) | Failure::Exit(_, r) => r,
             };
             let fix = if why.contains("idem migrate") || why.contains("schema version") {
                 "idem migrate --store URL (with the URL given here)".to_owned()
@@ -158,6 +159,24 @@ async fn open_unmigrated(
         return Ok(OpenStore::sql(store));
     }
     store::open_spec(spec, settings).await
+}
+
+/// Removes what the probe left (a released claim is kept as abandoned),
+/// so that its namespace shows nowhere (`idem stats`, the status page):
+/// the probe's namespace is purged when it holds the probe's record alone
+/// (another doctor's probe running at once is left alone, and expires).
+async fn clean_up(store: &OpenStore, probe: &Key) {
+    let Some(admin) = &store.admin else {
+        return;
+    };
+    let ns = probe.namespace();
+    let alone = admin
+        .stats(ns)
+        .await
+        .is_ok_and(|s| s.in_progress + s.abandoned + s.completed + s.expired <= 1);
+    if alone && let Err(e) = admin.purge(ns, Purge::All, &|_| {}).await {
+        tracing::debug!(error = %e, "removing the probe's record");
+    }
 }
 
 async fn check_store(store: &OpenStore, report: &mut Report) {
@@ -232,10 +251,13 @@ async fn check_store(store: &OpenStore, report: &mut Report) {
         }
     };
     match store.store.release(&probe, claim.token).await {
-        Ok(Fenced::Ok(())) => report.ok(
-            "claims",
-            format!("a claim was taken and released (key {probe})"),
-        ),
+        Ok(Fenced::Ok(())) => {
+            report.ok(
+                "claims",
+                format!("a claim was taken and released (key {probe})"),
+            );
+            clean_up(store, &probe).await;
+        }
         Ok(Fenced::Stale) => report.say(Finding::new(
             Severity::Fail,
             "claims",
@@ -279,7 +301,12 @@ async fn check_store(store: &OpenStore, report: &mut Report) {
             }),
         ));
     }
+}
 
+/// What the store finds in its own settings (a Redis that may evict, a
+/// cluster with slots no master serves), checked even when the probe
+/// failed: it may say why.
+async fn check_settings(store: &OpenStore, report: &mut Report) {
     if let Some(admin) = &store.admin {
         match admin.findings().await {
             Ok(found) => {
@@ -299,7 +326,7 @@ async fn check_store(store: &OpenStore, report: &mut Report) {
 
 async fn check_broker(from: &str, report: &mut Report) {
     let started = Instant::now();
-    match crate::dlq::connect_url(from, None).await {
+    match crate::dlq::connect_url(from, None, false).await {
         Ok(q) => report.ok(
             "broker",
             format!(
@@ -311,7 +338,7 @@ async fn check_broker(from: &str, report: &mut Report) {
         Err(e) => {
             let why = match e {
                 Failure::Config(c) => c.to_string(),
-                Failure::Run(r) => r,
+                Failure::Run(r) | Failure::Exit(_, r) => r,
             };
             report.say(Finding::new(
                 Severity::Fail,

@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::Args;
 use http_body_util::{BodyExt, Empty};
 
-use crate::Failure;
+use crate::run::Failure;
 
 /// `idem health`.
 #[derive(Args, Debug)]
@@ -50,7 +50,7 @@ pub async fn run(args: HealthArgs) -> Result<(), Failure> {
                 args.url, args.timeout_ms
             ))
         })?
-        .map_err(|e| Failure::Run(format!("{}: {}", args.url, crate::error_chain(&*e))))?;
+        .map_err(|e| Failure::Run(format!("{}: {}", args.url, crate::run::error_chain(&*e))))?;
     let text = crate::ops::shown(&body[..body.len().min(500)]);
     if status.is_success() {
         println!("{status} {text}");

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, CommandFactory};
 use clap_complete::Shell;
 
-use crate::Failure;
+use crate::run::Failure;
 
 /// `idem completions`.
 #[derive(Args, Debug)]

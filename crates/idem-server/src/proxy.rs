@@ -1,7 +1,7 @@
 //! `idem proxy`: the gateway in front of any HTTP service.
 
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ use clap::Args;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use http::uri::{Authority, Scheme, Uri};
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -18,12 +18,13 @@ use hyper_util::rt::TokioExecutor;
 use idem_core::{Lease, Namespace};
 use idem_http::api::Problem;
 use idem_http::gateway::{
-    GatewayBody, GatewayConfig, HeaderScope, IdempotencyLayer, ReleasePolicy,
+    GatewayBody, GatewayConfig, HeaderScope, IdempotencyLayer, ReleasePolicy, UpstreamDeadline,
 };
 use tower::{Layer, Service};
 
-use crate::config::{CommonArgs, FileSettings, bad, read_file, resolve_common};
-use crate::{Failure, init_logging, serve_until_signal, store};
+use crate::config::{CommonArgs, FileSettings, bad, parse_duration, read_file, resolve_common};
+use crate::run::{Failure, init_logging, serve_until_signal};
+use crate::store;
 
 /// `idem proxy`.
 #[derive(Args, Debug)]
@@ -46,6 +47,26 @@ pub struct ProxyArgs {
     /// https:// upstream gets HTTP/2 whenever it offers it.
     #[arg(long, env = "IDEM_UPSTREAM_HTTP2")]
     pub upstream_http2: bool,
+    /// How long connecting to the upstream (TCP) may take, e.g. 500ms or
+    /// 10s (a bare number is milliseconds) [default: 10s]. Past it the client gets 504 `upstream-timeout`
+    /// and the key is released (nothing reached the upstream).
+    #[arg(long, env = "IDEM_UPSTREAM_CONNECT_TIMEOUT", value_name = "DURATION")]
+    pub upstream_connect_timeout: Option<String>,
+    /// How long the upstream may take to answer, from forwarding the
+    /// request to the end of the response body stored for replay, e.g. 30s
+    /// or 2m [default: 60s]. Past it the call is dropped, the client gets
+    /// 504 `upstream-timeout` and the key is released: the upstream may
+    /// have acted, and a retry with the same key runs the request again, as
+    /// after a 5xx. Make it longer than the upstream's slowest answer.
+    #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT", value_name = "DURATION")]
+    pub upstream_timeout: Option<String>,
+    /// Which headers tell the upstream who the client is: `x-forwarded`
+    /// (X-Forwarded-For, X-Forwarded-Host, X-Forwarded-Proto), `forwarded`
+    /// (RFC 7239) or `none` [default: x-forwarded]. With either of the
+    /// first two, the client's own X-Forwarded-* and Forwarded headers are
+    /// dropped (a client can forge them); with `none` they pass unchanged.
+    #[arg(long, env = "IDEM_FORWARDED_HEADERS", value_name = "KIND")]
+    pub forwarded_headers: Option<String>,
     /// Serve the proxy's Prometheus metrics (GET /metrics) on this address,
     /// e.g. 127.0.0.1:9465 [default: off]; every path of --listen goes to
     /// the upstream.
@@ -104,10 +125,26 @@ pub async fn run(args: ProxyArgs) -> Result<(), Failure> {
         )
     })?;
     let ca = args.upstream_ca_cert.or(file.upstream_ca_cert.clone());
+    let connect_timeout = match args
+        .upstream_connect_timeout
+        .or(file.upstream_connect_timeout.clone())
+    {
+        Some(text) => parse_duration("upstream_connect_timeout", &text)?,
+        None => DEFAULT_CONNECT_TIMEOUT,
+    };
+    let upstream_timeout = match args.upstream_timeout.or(file.upstream_timeout.clone()) {
+        Some(text) => parse_duration("upstream_timeout", &text)?,
+        None => DEFAULT_UPSTREAM_TIMEOUT,
+    };
+    let forwarded = match args.forwarded_headers.or(file.forwarded_headers.clone()) {
+        Some(text) => text.parse::<ForwardedHeaders>()?,
+        None => ForwardedHeaders::XForwarded,
+    };
     let upstream = Upstream::parse(
         &upstream_text,
         ca.as_deref(),
         args.upstream_http2 || file.upstream_http2.unwrap_or(false),
+        connect_timeout,
     )?;
     let metrics_listen = args
         .metrics_listen
@@ -153,8 +190,9 @@ pub async fn run(args: ProxyArgs) -> Result<(), Failure> {
         )
         .into());
     }
+    let upstream = upstream.forwarding(forwarded, common.tls.is_some());
     init_logging(&common.log)?;
-    let (metrics, _) = crate::prometheus()?;
+    let (metrics, _) = crate::run::prometheus()?;
     let store = store::open(&common).await?;
     if let Some(addr) = metrics_listen {
         serve_metrics(addr, metrics).await?;
@@ -169,6 +207,7 @@ pub async fn run(args: ProxyArgs) -> Result<(), Failure> {
         max_request_bytes: common.max_body_bytes,
         max_response_bytes,
         release,
+        upstream_timeout: Some(upstream_timeout),
         ..GatewayConfig::default()
     };
     tracing::info!(upstream = %upstream_text, store = %store.description, "starting idem proxy");
@@ -177,7 +216,14 @@ pub async fn run(args: ProxyArgs) -> Result<(), Failure> {
     // The gateway is always ready (it awaits the upstream per request).
     let app = axum::Router::new().fallback_service(tower::service_fn(
         move |req: Request<axum::body::Body>| {
-            gateway.clone().call(req).map(|answer| {
+            // Refused before the gateway: no key is claimed for it.
+            let climbs = has_dot_segment(req.uri().path());
+            let answer = match climbs {
+                true => futures_util::future::ready(Ok::<_, UpstreamError>(dot_segment_refused()))
+                    .left_future(),
+                false => gateway.clone().call(req).right_future(),
+            };
+            answer.map(|answer| {
                 Ok::<_, Infallible>(answer.unwrap_or_else(UpstreamError::into_response))
             })
         },
@@ -196,6 +242,10 @@ pub async fn run(args: ProxyArgs) -> Result<(), Failure> {
 }
 
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// `--upstream-connect-timeout`'s default.
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// `--upstream-timeout`'s default.
+const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Serves `GET /metrics` and `GET /health` on `addr`, for as long as the
 /// process runs.
@@ -209,7 +259,7 @@ async fn serve_metrics(
             axum::routing::get(move || std::future::ready(metrics.render())),
         )
         .route("/health", axum::routing::get(|| std::future::ready("ok")));
-    crate::listen_beside(addr, app, tokio_util::sync::CancellationToken::new()).await
+    crate::run::listen_beside(addr, app, tokio_util::sync::CancellationToken::new()).await
 }
 
 /// `--scope-header` and `--scope-cookie` (flags and environment, else the
@@ -258,10 +308,11 @@ fn resolve_scope(
     Ok(Some(cookies.into_iter().fold(scope, HeaderScope::cookie)))
 }
 
-/// Forwards requests to the upstream service; a failed connection is an
-/// [`UpstreamError`] (it releases the key), answered 502. Each call is
-/// counted by status and timed: `idem_proxy_upstream_requests_total{status}`
-/// (`status` is the upstream's, or `unreachable`) and
+/// Forwards requests to the upstream service. A connection that fails is
+/// an [`UpstreamError`] (it releases the key), answered 502, or 504 when it
+/// timed out. Each call is counted by status and timed:
+/// `idem_proxy_upstream_requests_total{status}` (`status` is the
+/// upstream's, `unreachable` or `timeout`) and
 /// `idem_proxy_upstream_seconds`.
 #[derive(Clone)]
 struct Upstream {
@@ -269,6 +320,36 @@ struct Upstream {
     authority: Authority,
     base_path: String,
     client: Client<HttpsConnector<HttpConnector>, GatewayBody>,
+    forwarded: ForwardedHeaders,
+    /// Whether the proxy itself serves HTTPS: X-Forwarded-Proto.
+    served_over_tls: bool,
+}
+
+/// `--forwarded-headers`: how the upstream learns who the client is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ForwardedHeaders {
+    /// X-Forwarded-For, X-Forwarded-Host and X-Forwarded-Proto.
+    XForwarded,
+    /// `Forwarded` (RFC 7239).
+    Forwarded,
+    /// Neither: the client's own pass unchanged.
+    None,
+}
+
+impl std::str::FromStr for ForwardedHeaders {
+    type Err = crate::config::ConfigError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "x-forwarded" => Ok(Self::XForwarded),
+            "forwarded" => Ok(Self::Forwarded),
+            "none" => Ok(Self::None),
+            _ => Err(bad(
+                "forwarded_headers",
+                format!("{text:?} is not one of x-forwarded, forwarded or none"),
+            )),
+        }
+    }
 }
 
 impl Upstream {
@@ -276,6 +357,7 @@ impl Upstream {
         text: &str,
         ca: Option<&std::path::Path>,
         http2: bool,
+        connect_timeout: Duration,
     ) -> Result<Self, crate::config::ConfigError> {
         let uri: Uri = text
             .parse()
@@ -302,6 +384,7 @@ impl Upstream {
         let mut http = HttpConnector::new();
         http.set_nodelay(true);
         http.enforce_http(false);
+        http.set_connect_timeout(Some(connect_timeout));
         let tls = tls_config(ca)?;
         let builder = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
@@ -317,7 +400,19 @@ impl Upstream {
             authority,
             base_path: uri.path().trim_end_matches('/').to_owned(),
             client: client.build(connector),
+            forwarded: ForwardedHeaders::XForwarded,
+            served_over_tls: false,
         })
+    }
+
+    /// With `forwarded` headers, for a proxy that serves HTTPS when
+    /// `served_over_tls`.
+    fn forwarding(self, forwarded: ForwardedHeaders, served_over_tls: bool) -> Self {
+        Self {
+            forwarded,
+            served_over_tls,
+            ..self
+        }
     }
 }
 
@@ -381,19 +476,201 @@ fn tls_config(
     Ok(config)
 }
 
-/// The upstream could not be reached.
-struct UpstreamError(String);
+/// The upstream could not be reached, or did not answer in time.
+struct UpstreamError {
+    timed_out: Option<Duration>,
+    /// The name its cause is logged under.
+    request_id: String,
+}
 
 impl UpstreamError {
     fn into_response(self) -> Response<GatewayBody> {
-        Problem::new(
-            StatusCode::BAD_GATEWAY,
-            "upstream-failed",
-            "Upstream failed",
-            format!("the upstream service could not be reached: {}", self.0),
+        let id = self.request_id;
+        let problem = match self.timed_out {
+            Some(limit) => Problem::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream-timeout",
+                "Upstream timeout",
+                format!(
+                    "the upstream service did not answer within {} ms; the key was released, so a retry with \
+                     the same Idempotency-Key runs the request again (request id {id})",
+                    limit.as_millis()
+                ),
+            ),
+            None => Problem::new(
+                StatusCode::BAD_GATEWAY,
+                "upstream-failed",
+                "Upstream failed",
+                format!(
+                    "the upstream service could not be reached; the key was released (request id {id}: the \
+                     proxy's log has the cause)"
+                ),
+            ),
+        };
+        problem.request_id(id).into_response().map(GatewayBody::new)
+    }
+}
+
+/// Whether `e` or one of its causes is a timed-out connect.
+fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// Whether `path` has a `.` or `..` segment, also percent-encoded or
+/// behind an encoded or backward slash: joined to the upstream's base
+/// path, it could reach outside it.
+fn has_dot_segment(path: &str) -> bool {
+    let path = path.to_ascii_lowercase();
+    let path = path
+        .replace("%2e", ".")
+        .replace("%2f", "/")
+        .replace("%5c", "/")
+        .replace('\\', "/");
+    path.split('/')
+        .any(|segment| segment == "." || segment == "..")
+}
+
+/// 400 for a path with a dot segment.
+fn dot_segment_refused() -> Response<GatewayBody> {
+    Problem::malformed(
+        "the request path has a `.` or `..` segment (perhaps percent-encoded); send the path it \
+         stands for, without dot segments",
+    )
+    .into_response()
+    .map(GatewayBody::new)
+}
+
+/// The hop-by-hop headers of RFC 9110 §7.6.1, which a proxy does not pass
+/// on: those `Connection` names, and these.
+/// The handles of `idem_proxy_upstream_seconds` and
+/// `idem_proxy_upstream_requests_total{status}`, each made on first use: a
+/// lookup by name and labels on every request costs more than the rest of
+/// the proxy's own work on it.
+struct UpstreamMeters {
+    seconds: metrics::Histogram,
+    /// By the upstream's status less 100 (statuses run from 100 to 999).
+    answered: Box<[OnceLock<metrics::Counter>]>,
+    timeout: OnceLock<metrics::Counter>,
+    unreachable: OnceLock<metrics::Counter>,
+}
+
+impl UpstreamMeters {
+    fn answered(&self, status: StatusCode) -> &metrics::Counter {
+        self.answered[usize::from(status.as_u16()) - 100].get_or_init(|| {
+            metrics::counter!(
+                "idem_proxy_upstream_requests_total",
+                "status" => status.as_str().to_owned()
+            )
+        })
+    }
+
+    /// `status` is `timeout` or `unreachable`.
+    fn failed(&self, status: &'static str) -> &metrics::Counter {
+        let slot = if status == "timeout" {
+            &self.timeout
+        } else {
+            &self.unreachable
+        };
+        slot.get_or_init(
+            || metrics::counter!("idem_proxy_upstream_requests_total", "status" => status),
         )
-        .into_response()
-        .map(GatewayBody::new)
+    }
+}
+
+fn upstream_meters() -> &'static UpstreamMeters {
+    static METERS: OnceLock<UpstreamMeters> = OnceLock::new();
+    METERS.get_or_init(|| UpstreamMeters {
+        seconds: metrics::histogram!("idem_proxy_upstream_seconds"),
+        answered: (100..1000).map(|_| OnceLock::new()).collect(),
+        timeout: OnceLock::new(),
+        unreachable: OnceLock::new(),
+    })
+}
+
+const HOP_BY_HOP: [&str; 6] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Removes the hop-by-hop headers from `headers` (`Trailer` stays: HTTP/1
+/// sends only the trailers it names).
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+/// The headers that tell the upstream who the client is (see
+/// [`ForwardedHeaders`]).
+fn set_forwarded(
+    headers: &mut HeaderMap,
+    how: ForwardedHeaders,
+    client: Option<std::net::SocketAddr>,
+    host: Option<HeaderValue>,
+    proto: &'static str,
+) {
+    if how == ForwardedHeaders::None {
+        return;
+    }
+    for name in [
+        "forwarded",
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "x-forwarded-proto",
+    ] {
+        headers.remove(name);
+    }
+    let ip = client.map(|a| a.ip());
+    match how {
+        ForwardedHeaders::XForwarded => {
+            if let Some(v) = ip.and_then(|ip| HeaderValue::from_str(&ip.to_string()).ok()) {
+                headers.insert("x-forwarded-for", v);
+            }
+            if let Some(host) = host {
+                headers.insert("x-forwarded-host", host);
+            }
+            headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
+        }
+        ForwardedHeaders::Forwarded => {
+            let mut value = match ip {
+                Some(std::net::IpAddr::V6(v6)) => format!("for=\"[{v6}]\""),
+                Some(v4) => format!("for={v4}"),
+                None => "for=unknown".to_owned(),
+            };
+            if let Some(host) = host.as_ref().and_then(|h| h.to_str().ok()) {
+                let quoted = host.replace('\\', "\\\\").replace('"', "\\\"");
+                value.push_str(&format!(";host=\"{quoted}\""));
+            }
+            value.push_str(";proto=");
+            value.push_str(proto);
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                headers.insert("forwarded", v);
+            }
+        }
+        ForwardedHeaders::None => {}
     }
 }
 
@@ -415,12 +692,31 @@ impl Service<Request<GatewayBody>> for Upstream {
             .path_and_query(format!("{}{}", self.base_path, path_and_query))
             .build();
         let client = self.client.clone();
+        let forwarded = self.forwarded;
+        let proto = if self.served_over_tls {
+            "https"
+        } else {
+            "http"
+        };
         Box::pin(async move {
             let Ok(target) = target else {
                 return Ok(Problem::malformed("the request path cannot be forwarded")
                     .into_response()
                     .map(GatewayBody::new));
             };
+            let host = parts.headers.get(header::HOST).cloned().or_else(|| {
+                parts
+                    .uri
+                    .authority()
+                    .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            });
+            // The gateway's deadline: stopping at the same moment, the
+            // timeout is answered and counted here.
+            let deadline = parts.extensions.get::<UpstreamDeadline>().copied();
+            let client_addr = parts
+                .extensions
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map(|c| c.0);
             parts.uri = target;
             parts.headers.remove(header::HOST);
             // `TE: trailers` is the one TE passed on: without it an HTTP/1
@@ -430,38 +726,51 @@ impl Service<Request<GatewayBody>> for Upstream {
                 .get_all(header::TE)
                 .iter()
                 .any(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
-            for hop in [
-                header::CONNECTION,
-                header::TE,
-                header::TRAILER,
-                header::UPGRADE,
-            ] {
-                parts.headers.remove(hop);
-            }
+            strip_hop_by_hop(&mut parts.headers);
+            parts.headers.remove(header::TRAILER);
+            parts.headers.remove(header::PROXY_AUTHORIZATION);
             if wants_trailers {
                 parts
                     .headers
                     .insert(header::TE, HeaderValue::from_static("trailers"));
             }
+            set_forwarded(&mut parts.headers, forwarded, client_addr, host, proto);
             let started = std::time::Instant::now();
-            let answer = client.request(Request::from_parts(parts, body)).await;
-            metrics::histogram!("idem_proxy_upstream_seconds").record(started.elapsed());
+            let request = client.request(Request::from_parts(parts, body));
+            let answer = match deadline {
+                Some(d) => tokio::time::timeout_at(d.at, request)
+                    .await
+                    .map_err(|_| d.limit),
+                None => Ok(request.await),
+            };
+            let meters = upstream_meters();
+            meters.seconds.record(started.elapsed());
+            let failed = |status: &'static str, timed_out: Option<Duration>, why: String| {
+                meters.failed(status).increment(1);
+                let request_id = idem_http::api::new_request_id();
+                tracing::warn!(request_id = %request_id, error = %why, "upstream request failed");
+                UpstreamError {
+                    timed_out,
+                    request_id,
+                }
+            };
             match answer {
-                Ok(response) => {
-                    metrics::counter!(
-                        "idem_proxy_upstream_requests_total",
-                        "status" => response.status().as_str().to_owned()
-                    )
-                    .increment(1);
+                Ok(Ok(mut response)) => {
+                    meters.answered(response.status()).increment(1);
+                    strip_hop_by_hop(response.headers_mut());
                     Ok(response.map(GatewayBody::new))
                 }
-                Err(e) => {
-                    metrics::counter!("idem_proxy_upstream_requests_total", "status" => "unreachable")
-                        .increment(1);
-                    let why = crate::error_chain(&e);
-                    tracing::warn!(error = %why, "upstream request failed");
-                    Err(UpstreamError(why))
-                }
+                Ok(Err(e)) if is_timeout(&e) => Err(failed(
+                    "timeout",
+                    Some(started.elapsed()),
+                    crate::run::error_chain(&e),
+                )),
+                Ok(Err(e)) => Err(failed("unreachable", None, crate::run::error_chain(&e))),
+                Err(limit) => Err(failed(
+                    "timeout",
+                    Some(limit),
+                    format!("no answer within {} ms", limit.as_millis()),
+                )),
             }
         })
     }

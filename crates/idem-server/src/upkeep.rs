@@ -5,8 +5,8 @@
 use clap::Args;
 
 use crate::config::{StoreArgs, StoreSettings, bad, read_file, resolve_store};
+use crate::run::{Failure, init_logging};
 use crate::store::{self, SqlSpec};
-use crate::{Failure, init_logging};
 
 /// `idem migrate`.
 #[derive(Args, Debug)]

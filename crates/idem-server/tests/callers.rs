@@ -2,7 +2,8 @@
 //! httpx, TypeScript on Node's `fetch`, Go's net/http), run against the
 //! real binary: each client's check of `idem serve` (one run for eight
 //! concurrent callers, renewals past the lease, release on failure), and
-//! each language's HTTP handler fed by `idem consume` from Redis Streams
+//! each language's HTTP handler fed by `idem consume` from Redis Streams,
+//! one message per request and in batches,
 //! with producer duplicates (every message's effect once).
 #![cfg(feature = "redis-streams")]
 
@@ -132,66 +133,73 @@ async fn each_languages_handler_gets_every_message_once_from_idem_consume() {
         return;
     };
     for lang in langs() {
-        let dir = tempfile::tempdir().unwrap();
-        let effects = dir.path().join("effects.jsonl");
-        let port = support::consume::free_port();
-        let mut handler = command(&lang, &lang.handler, &[&port.to_string()])
-            .arg(&effects)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut ready = BufReader::new(handler.stdout.take().unwrap()).lines();
-        let line = tokio::time::timeout(Duration::from_secs(30), ready.next_line())
-            .await
-            .unwrap_or_else(|_| panic!("{}: the handler did not start", lang.name));
-        assert!(
-            line.unwrap().unwrap_or_default().contains("listening"),
-            "{}",
-            lang.name
-        );
-
-        let stream = support::unique(&format!("callers-{}", lang.name));
-        let from = format!("{redis}?stream={stream}&group=idem");
-        let publisher = RedisStreamPublisher::connect(&RedisStreamConfig::from_url(&from).unwrap())
-            .await
-            .unwrap();
-        let consume = support::consume::start(&[
-            "--from".into(),
-            from.clone(),
-            "--key".into(),
-            "json:/key".into(),
-            "--store".into(),
-            redis.clone(),
-            "--to".into(),
-            format!("http://127.0.0.1:{port}/"),
-        ])
-        .await;
-        // 300 messages, a fifth of them published twice (a new message id
-        // each time, as a producer's retry would).
-        let n = 300;
-        for i in 0..n {
-            let body = format!(r#"{{"key":"{}-{i}","n":{i}}}"#, lang.name);
-            for _ in 0..(1 + usize::from(i % 5 == 0)) {
-                publisher
-                    .publish(&Message::new(body.clone()))
-                    .await
-                    .unwrap();
-            }
+        for batch in [None, Some("16")] {
+            handler_gets_every_message_once(&lang, &redis, batch).await;
         }
-        let counts = wait_for(&effects, n, Duration::from_secs(60)).await;
-        assert_eq!(counts.len(), n, "{}: every message handled", lang.name);
-        let doubled: Vec<_> = counts.iter().filter(|(_, c)| **c != 1).collect();
-        assert!(
-            doubled.is_empty(),
-            "{}: handled twice: {doubled:?}",
-            lang.name
-        );
-        assert_eq!(consume.terminate().await, 0);
-        let _ = handler.kill().await;
-        let _: redis::RedisResult<()> = redis::Client::open(redis.as_str())
-            .and_then(|c| c.get_connection())
-            .and_then(|mut c| redis::cmd("DEL").arg(&stream).query(&mut c));
     }
+}
+
+/// 300 messages, a fifth of them published twice, through `idem consume`
+/// (with `--batch N` when given) to `lang`'s handler: each effect once.
+async fn handler_gets_every_message_once(lang: &Lang, redis: &str, batch: Option<&str>) {
+    let name = format!("{} (batch {batch:?})", lang.name);
+    let dir = tempfile::tempdir().unwrap();
+    let effects = dir.path().join("effects.jsonl");
+    let port = support::consume::free_port();
+    let mut handler = command(lang, &lang.handler, &[&port.to_string()])
+        .arg(&effects)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = BufReader::new(handler.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), ready.next_line())
+        .await
+        .unwrap_or_else(|_| panic!("{name}: the handler did not start"));
+    assert!(
+        line.unwrap().unwrap_or_default().contains("listening"),
+        "{name}"
+    );
+
+    let stream = support::unique(&format!("callers-{}", lang.name));
+    let from = format!("{redis}?stream={stream}&group=idem");
+    let publisher = RedisStreamPublisher::connect(&RedisStreamConfig::from_url(&from).unwrap())
+        .await
+        .unwrap();
+    let mut args = vec![
+        "--from".into(),
+        from.clone(),
+        "--key".into(),
+        "json:/key".into(),
+        "--store".into(),
+        redis.to_owned(),
+        "--to".into(),
+        format!("http://127.0.0.1:{port}/"),
+    ];
+    if let Some(n) = batch {
+        args.extend(["--batch".into(), n.into()]);
+    }
+    let consume = support::consume::start(&args).await;
+    // 300 messages, a fifth of them published twice (a new message id
+    // each time, as a producer's retry would).
+    let n = 300;
+    for i in 0..n {
+        let body = format!(r#"{{"key":"{}-{i}","n":{i}}}"#, lang.name);
+        for _ in 0..(1 + usize::from(i % 5 == 0)) {
+            publisher
+                .publish(&Message::new(body.clone()))
+                .await
+                .unwrap();
+        }
+    }
+    let counts = wait_for(&effects, n, Duration::from_secs(60)).await;
+    assert_eq!(counts.len(), n, "{name}: every message handled");
+    let doubled: Vec<_> = counts.iter().filter(|(_, c)| **c != 1).collect();
+    assert!(doubled.is_empty(), "{name}: handled twice: {doubled:?}");
+    assert_eq!(consume.terminate().await, 0);
+    let _ = handler.kill().await;
+    let _: redis::RedisResult<()> = redis::Client::open(redis)
+        .and_then(|c| c.get_connection())
+        .and_then(|mut c| redis::cmd("DEL").arg(&stream).query(&mut c));
 }
 
 /// The effects per key once `want` keys are in and nothing more came for

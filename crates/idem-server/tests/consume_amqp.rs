@@ -77,6 +77,27 @@ impl Rabbit {
         n
     }
 
+    /// The keys of the messages in `queue`, in the order it holds them
+    /// (each read and put back, which counts a delivery on a quorum queue).
+    async fn queue_order(&self, queue: &str) -> Vec<String> {
+        let connection = Connection::connect(&self.url, ConnectionProperties::default())
+            .await
+            .unwrap();
+        let channel = connection.create_channel().await.unwrap();
+        let mut keys = Vec::new();
+        while let Some(m) = channel
+            .basic_get(queue.into(), BasicGetOptions { no_ack: false })
+            .await
+            .unwrap()
+        {
+            let body: serde_json::Value = serde_json::from_slice(&m.delivery.data).unwrap();
+            keys.push(body["id"].as_str().unwrap().to_owned());
+        }
+        let _ = channel.close(200, "OK".into()).await;
+        let _ = connection.close(200, "OK".into()).await;
+        keys
+    }
+
     /// Unacknowledged deliveries of the work queue, from `rabbitmqctl` when
     /// it runs here (the AMQP protocol cannot tell); 0 otherwise.
     async fn unacked(&self) -> u32 {
@@ -216,6 +237,99 @@ async fn dead_letters_replay_after_a_fix() {
     Rabbit::delete(url, queue).await;
 }
 
+/// The deliveries each dead letter has had: its key and `x-delivery-count`,
+/// as `idem dlq ls --json` shows them, by id.
+fn deliveries(out: &str) -> Vec<(String, String, u64)> {
+    out.lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let count = v["headers"]["x-delivery-count"]
+                .as_str()
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0);
+            let key = v["key"].as_str().unwrap().to_owned();
+            (v["id"].as_str().unwrap().to_owned(), key, count)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_reads_no_further_than_its_letter_and_the_queue_has_no_delivery_limit() {
+    let Some(rabbit) = Rabbit::new("show").await else {
+        return;
+    };
+    let (url, queue) = (rabbit.url.clone(), rabbit.queue.clone());
+    let dead = format!("{queue}.dead-letter");
+    let Some(dlq) = consume::park(&rabbit, 5).await else {
+        return;
+    };
+    // `ls` lists by when each letter was parked, which need not be the
+    // order the queue holds them in: five handled at once are parked in
+    // whatever order their handlers finished.
+    let order = rabbit.queue_order(&dead).await;
+    assert_eq!(order.len(), 5, "{order:?}");
+    let (code, out, err) = dlq(&["ls", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let before = deliveries(&out);
+    assert_eq!(before.len(), 5);
+    let id_of = |key: &str| {
+        before
+            .iter()
+            .find(|(_, k, _)| k == key)
+            .map(|(id, _, _)| id.clone())
+            .expect("listed")
+    };
+    // Each letter read and put back counts one delivery on a quorum queue:
+    // showing the second in the queue reads the first two, and no further.
+    let (code, _, err) = dlq(&["show", &id_of(&order[1])]);
+    assert_eq!(code, 0, "{err}");
+    let (_, out, _) = dlq(&["ls", "--json"]);
+    let after = deliveries(&out);
+    let added: Vec<u64> = order
+        .iter()
+        .map(|key| {
+            let id = id_of(key);
+            let n = before.iter().find(|(i, _, _)| *i == id).unwrap().2;
+            let (_, _, m) = after
+                .iter()
+                .find(|(i, _, _)| *i == id)
+                .expect("still parked, same id");
+            m - n
+        })
+        .collect();
+    assert_eq!(
+        added,
+        [2, 2, 1, 1, 1],
+        "show, then ls, in queue order {order:?}: {before:?} → {after:?}"
+    );
+    // The dead-letter queue declares a limit no queue reaches (RabbitMQ 4
+    // would set 20 and then drop the letter).
+    let listed = std::process::Command::new("rabbitmqctl")
+        .args(["list_queues", "name", "arguments", "--formatter", "json"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let queues: serde_json::Value = serde_json::from_str(&listed).unwrap_or_default();
+    if let Some(q) = queues
+        .as_array()
+        .and_then(|all| all.iter().find(|q| q["name"] == dead))
+    {
+        // [[name, type, value], …]
+        let argument = |name: &str| {
+            q["arguments"]
+                .as_array()
+                .and_then(|all| all.iter().find(|a| a[0] == name))
+                .map(|a| a[2].clone())
+                .unwrap_or_default()
+        };
+        assert_eq!(argument("x-delivery-limit"), i64::from(i32::MAX), "{q}");
+        assert_eq!(argument("x-queue-type"), "quorum", "{q}");
+    } else if std::env::var_os("CI").is_some() {
+        panic!("rabbitmqctl did not list {dead}: {listed}");
+    }
+    Rabbit::delete(url, queue).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_keys_are_retried_later() {
     let Some(rabbit) = Rabbit::new("busy").await else {
@@ -265,5 +379,15 @@ async fn handler_answers_late_bodies_problems_and_refusals() {
     };
     let (url, queue) = (rabbit.url.clone(), rabbit.queue.clone());
     consume::handler_answers(rabbit).await;
+    Rabbit::delete(url, queue).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_settle_each_message_by_its_own_result() {
+    let Some(rabbit) = Rabbit::new("batches").await else {
+        return;
+    };
+    let (url, queue) = (rabbit.url.clone(), rabbit.queue.clone());
+    consume::batches(rabbit).await;
     Rabbit::delete(url, queue).await;
 }

@@ -156,3 +156,43 @@ async fn handler_answers_late_bodies_problems_and_refusals() {
         consume::handler_answers(b).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_dead_letters_creates_no_topic_and_a_replay_makes_its_log() {
+    let Some(kafka) = Kafka::new("dlq-topics").await else {
+        return;
+    };
+    let Some(dlq) = consume::park(&kafka, 3).await else {
+        return;
+    };
+    let log = format!("{}-dlt.replayed", kafka.0.topic);
+    let exists = |topic: &str| {
+        use rdkafka::consumer::{BaseConsumer, Consumer as _};
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", kafka.0.brokers.as_str())
+            .create()
+            .unwrap();
+        let metadata = consumer
+            .fetch_metadata(None, std::time::Duration::from_secs(10))
+            .unwrap();
+        metadata
+            .topics()
+            .iter()
+            .any(|t| t.name() == topic && t.error().is_none())
+    };
+    // park listed the letters over and over: a reader needs no right to
+    // write, and wrote nothing.
+    assert!(!exists(&log), "ls created {log}");
+    let (code, out, err) = dlq(&["replay", "--all", "--yes", "--no-store-check"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(exists(&log), "the replay records itself in {log}");
+    let (code, out, _) = dlq(&["ls", "--json"]);
+    assert_eq!((code, out.lines().count()), (0, 0), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_settle_each_message_by_its_own_result() {
+    if let Some(b) = Kafka::new("batches").await {
+        consume::batches(b).await;
+    }
+}

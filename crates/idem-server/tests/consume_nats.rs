@@ -131,6 +131,36 @@ async fn nats_dead_letters_replay_after_a_fix() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replays_at_once_each_move_their_share_and_neither_fails() {
+    const N: usize = 200;
+    let Some(nats) = Nats::new("dlq-twice").await else {
+        return;
+    };
+    let Some(dlq) = consume::park(&nats, N).await else {
+        return;
+    };
+    let dlq = std::sync::Arc::new(dlq);
+    let runs: Vec<_> = (0..2)
+        .map(|_| {
+            let dlq = dlq.clone();
+            std::thread::spawn(move || {
+                dlq(&["replay", "--all", "--yes", "--no-store-check", "--json"])
+            })
+        })
+        .collect();
+    let mut replayed = 0;
+    for run in runs {
+        let (code, out, err) = run.join().unwrap();
+        // 0, or 3 when the other run took every letter first.
+        assert!(code == 0 || code == 3, "exit {code}: {err}");
+        replayed += out.lines().filter(|l| l.contains("\"replayed\"")).count();
+    }
+    assert_eq!(replayed, N, "each letter replayed by one run");
+    let (code, out, _) = dlq(&["ls", "--json"]);
+    assert_eq!((code, out.lines().count()), (0, 0), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_busy_keys_are_retried_after_the_lease() {
     let Some(nats) = Nats::new("busy").await else {
         return;
@@ -152,4 +182,12 @@ async fn nats_handler_answers_late_bodies_problems_and_refusals() {
         return;
     };
     consume::handler_answers(nats).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_batches_settle_each_message_by_its_own_result() {
+    let Some(nats) = Nats::new("batches").await else {
+        return;
+    };
+    consume::batches(nats).await;
 }

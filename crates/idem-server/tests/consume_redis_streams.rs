@@ -173,3 +173,17 @@ async fn handler_answers_late_bodies_problems_and_refusals() {
         consume::handler_answers(b).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_settle_each_message_by_its_own_result() {
+    if let Some(b) = RedisStreams::new().await {
+        consume::batches(b).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_and_duplicates_in_batches_take_effect_once() {
+    if let Some(b) = RedisStreams::new().await {
+        consume::crash_and_duplicates_in_batches(b).await;
+    }
+}

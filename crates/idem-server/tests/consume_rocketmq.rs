@@ -164,3 +164,42 @@ async fn rocketmq_handler_answers_late_bodies_problems_and_refusals() {
     };
     consume::handler_answers(broker).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_settle_each_message_by_its_own_result() {
+    let Some(broker) = RocketMq::new("batches").await else {
+        return;
+    };
+    consume::batches(broker).await;
+}
+
+/// `idem dlq ls` reads with no right to write: listing the dead letters
+/// again and again creates no topic (the replay log is made by the first
+/// replay), and what a replay settles is listed no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rocketmq_listing_dead_letters_creates_no_topic() {
+    let Some(broker) = RocketMq::new("dlq_topics").await else {
+        return;
+    };
+    let Some(dlq) = consume::park(&broker, 3).await else {
+        return;
+    };
+    let log = format!("idem-replayed-{}", broker.fixture.group);
+    let topics = || async { broker.fixture.monitor.topics().await.unwrap() };
+    for _ in 0..3 {
+        let (code, out, err) = dlq(&["ls", "--json"]);
+        assert_eq!((code, out.lines().count()), (0, 3), "{err}");
+    }
+    let (code, _, err) = dlq(&["show", "--json", "nope:0:0"]);
+    assert_ne!(code, 0, "{err}");
+    let before = topics().await;
+    assert!(!before.contains(&log), "reading created {log}: {before:?}");
+    let (code, out, err) = dlq(&["replay", "--all", "--yes", "--no-store-check"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        topics().await.contains(&log),
+        "the replay records itself in {log}"
+    );
+    let (code, out, _) = dlq(&["ls", "--json"]);
+    assert_eq!((code, out.lines().count()), (0, 0), "{out}");
+}

@@ -55,6 +55,29 @@ fn bad_settings_are_refused_with_what_to_give() {
         &["--from", FROM, "--to", TO, "--concurrency", "0"],
         "concurrency",
     );
+    // `--batch` and what goes with it: the flags after --from and --to,
+    // the setting named, and what the message says to give.
+    let batch_cases: [(&[&str], &str, &str); 5] = [
+        (&["--batch", "0"], "batch", "1 to 1000"),
+        (&["--batch", "1001"], "batch", "1 to 1000"),
+        (&["--batch-linger-ms", "5"], "batch_linger_ms", "--batch N"),
+        (
+            &["--batch", "8", "--batch-linger-ms", "1001"],
+            "batch_linger_ms",
+            "0 to 1000",
+        ),
+        (
+            &["--batch", "64", "--concurrency", "32"],
+            "concurrency",
+            "--batch 64",
+        ),
+    ];
+    for (flags, field, says) in batch_cases {
+        let mut args = vec!["--from", FROM, "--to", TO];
+        args.extend_from_slice(flags);
+        let e = refused(&args, field);
+        assert!(e.contains(says), "{flags:?}: {e}");
+    }
     refused(
         &["--from", FROM, "--to", TO, "--max-attempts", "0"],
         "max_attempts",

@@ -174,3 +174,21 @@ fn names_come_out_of_queries_without_their_series_suffixes() {
         ["idem_store_call_seconds", "idem_x_total"]
     );
 }
+
+#[test]
+fn a_panel_that_adds_series_shows_data_when_only_one_side_has_fired() {
+    // A counter that never fired has no series, and `a + b` with one side
+    // empty is empty: each side falls back to zero.
+    for expr in dashboard_exprs() {
+        let sides: Vec<&str> = expr.split(" + ").collect();
+        if sides.len() < 2 {
+            continue;
+        }
+        for side in sides {
+            assert!(
+                side.trim().ends_with("or vector(0))"),
+                "{side:?} in {expr:?} has no `or vector(0)`"
+            );
+        }
+    }
+}

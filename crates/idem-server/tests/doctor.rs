@@ -57,6 +57,10 @@ async fn redis_passes_and_an_unreachable_store_or_broker_fails_with_a_fix() {
         out.contains("fix: redis-cli CONFIG SET appendonly yes"),
         "{out}"
     );
+    // The probe leaves nothing behind that idem stats would list.
+    let (code, out, err) = run(&["stats", "--store", &url, "--json"], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("\"idem-doctor\""), "{out}");
 
     let (code, out, err) = doctor(&["--store", "redis://127.0.0.1:1"]);
     assert_eq!(code, 1);

@@ -8,9 +8,20 @@ use support::{Process, post_auth, start};
 
 const ORDERS: &str = "orders-token-0123456789";
 
+/// A token for every namespace: what `/metrics` takes with auth on.
+const OPERATOR: &str = "operator-token-0123456789";
+
 /// The series `/metrics` shows: every sample line.
 async fn series(idem: &Process) -> Vec<String> {
-    let text = support::get(&idem.url("/metrics")).await.body;
+    let bearer = format!("Bearer {OPERATOR}");
+    let text = support::send(
+        http::Method::GET,
+        &idem.url("/metrics"),
+        &[("authorization", &bearer)],
+        bytes::Bytes::new(),
+    )
+    .await
+    .body;
     String::from_utf8(text.to_vec())
         .unwrap()
         .lines()
@@ -39,9 +50,17 @@ async fn refused(idem: &Process, i: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_requests_to_made_up_namespaces_add_no_series() {
-    let orders = format!("orders={ORDERS}");
+    let (orders, all) = (format!("orders={ORDERS}"), format!("*={OPERATOR}"));
     let idem = start(
-        &["serve", "--store", "memory://", "--auth-token", &orders],
+        &[
+            "serve",
+            "--store",
+            "memory://",
+            "--auth-token",
+            &orders,
+            "--auth-token",
+            &all,
+        ],
         &[],
     )
     .await;

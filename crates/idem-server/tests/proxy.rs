@@ -416,10 +416,7 @@ async fn required_keys_and_the_keyless_window() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_upstream_is_a_502_and_releases_the_key() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead = format!("http://{}", listener.local_addr().unwrap());
-    drop(listener);
-    let proxy = start_proxy(&dead, &[]).await;
+    let proxy = start_proxy(&support::nothing_listening(), &[]).await;
     let a = post_with(&proxy.url("/orders"), Some("d-1"), None, "{}").await;
     assert_eq!(a.problem(502), "urn:idem:problem:upstream-failed");
     // Released: the retry tries the upstream again (and fails again), it is

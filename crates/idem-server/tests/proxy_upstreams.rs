@@ -98,9 +98,18 @@ async fn an_https_upstream_with_a_private_ca_speaks_http2() {
     proxy.terminate().await;
 
     // Without the CA, the system's roots do not know the certificate: the
-    // key is released and the client is told why.
-    let proxy = support::start(
-        &["proxy", "--upstream", &upstream, "--store", "memory://"],
+    // key is released, and the proxy's log says why under the request id
+    // the client is given.
+    let (proxy, log) = support::start_logged(
+        &[
+            "proxy",
+            "--upstream",
+            &upstream,
+            "--store",
+            "memory://",
+            "--log",
+            "warn",
+        ],
         &[],
     )
     .await;
@@ -115,8 +124,9 @@ async fn an_https_upstream_with_a_private_ca_speaks_http2() {
     )
     .await;
     assert_eq!(answer.status, 502);
-    let detail = String::from_utf8_lossy(&answer.body).to_lowercase();
-    assert!(detail.contains("certificate"), "{detail}");
+    let id = answer.json()["request_id"].as_str().unwrap().to_owned();
+    let line = support::log_line_naming(&log, &id);
+    assert!(line.contains("certificate"), "{line}");
     proxy.terminate().await;
 
     // Bad settings are refused at once.

@@ -19,9 +19,22 @@ async fn status_when(
     limit: Duration,
     ready: impl Fn(&Value) -> bool,
 ) -> Value {
+    status_seen_by(idem, None, query, limit, ready).await
+}
+
+/// [`status_when`], asked with `token`.
+async fn status_seen_by(
+    idem: &Process,
+    token: Option<&str>,
+    query: &str,
+    limit: Duration,
+    ready: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = Instant::now() + limit;
     loop {
-        let status = get(&idem.url(&format!("/status.json{query}"))).await.json();
+        let status = get_with(&idem.url(&format!("/status.json{query}")), token)
+            .await
+            .json();
         if ready(&status) {
             return status;
         }
@@ -31,6 +44,15 @@ async fn status_when(
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+async fn get_with(url: &str, token: Option<&str>) -> support::Answer {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = bearer
+        .iter()
+        .map(|b| ("authorization", b.as_str()))
+        .collect();
+    support::send(http::Method::GET, url, &headers, bytes::Bytes::new()).await
 }
 
 /// What `family`'s chart counted of `outcome` over the window.
@@ -60,13 +82,22 @@ fn namespace<'a>(status: &'a Value, name: &str) -> &'a Value {
 
 /// Begins `n` keys of `ns` and completes them.
 async fn begin_and_complete(base: &str, ns: &str, prefix: &str, n: usize) {
+    begin_and_complete_as(base, None, ns, prefix, n).await;
+}
+
+/// [`begin_and_complete`] with a bearer token.
+async fn begin_and_complete_as(base: &str, bearer: Option<&str>, ns: &str, prefix: &str, n: usize) {
+    let call = async |path: &str, body: Value| match bearer {
+        Some(t) => post_auth(&format!("{base}/v1/{ns}/{path}"), t, body).await,
+        None => post(&format!("{base}/v1/{ns}/{path}"), body).await,
+    };
     for i in 0..n {
         let key = format!("{prefix}-{i}");
-        let begun = post(&format!("{base}/v1/{ns}/begin"), json!({"key": key})).await;
+        let begun = call("begin", json!({"key": key})).await;
         assert_eq!(begun.status, 200);
         let token = begun.json()["token"].as_u64().expect("acquired");
-        let done = post(
-            &format!("{base}/v1/{ns}/complete"),
+        let done = call(
+            "complete",
             json!({"key": key, "token": token, "outcome": {"n": i}}),
         )
         .await;
@@ -192,7 +223,7 @@ async fn with_auth_on_stuck_claims_show_without_their_keys() {
     .await;
     assert_eq!(held.json()["status"], "acquired");
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    let status = status_when(&idem, "", Duration::from_secs(15), |s| {
+    let status = status_seen_by(&idem, Some(TOKEN), "", Duration::from_secs(15), |s| {
         charted(s, "begins", "acquired") >= 1.0
     })
     .await;
@@ -224,10 +255,138 @@ async fn callers_who_leave_mid_request_leave_the_page_working() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_status_page_serves_none() {
-    let idem = start(&["serve", "--store", "memory://", "--no-status-page"], &[]).await;
-    assert_eq!(get(&idem.url("/")).await.status, 404);
-    assert_eq!(get(&idem.url("/status.json")).await.status, 404);
-    assert_eq!(get(&idem.url("/healthz")).await.status, 200);
+    for off in ["--no-status-page", "--status-page=off"] {
+        let idem = start(&["serve", "--store", "memory://", off], &[]).await;
+        assert_eq!(get(&idem.url("/")).await.status, 404);
+        assert_eq!(get(&idem.url("/status.json")).await.status, 404);
+        assert_eq!(get(&idem.url("/healthz")).await.status, 200);
+        assert_eq!(idem.terminate().await, 0);
+    }
+}
+
+const TENANT_A: &str = "tenant-a-token-0123456789";
+const TENANT_B: &str = "tenant-b-token-0123456789";
+const OPERATOR: &str = "operator-token-0123456789";
+
+/// `idem serve` with auth for two tenants and an operator (`*`), one key
+/// begun in each tenant's namespace, and `extra` flags.
+async fn two_tenants(store: &str, extra: &[&str]) -> Process {
+    let (a, b, all) = (
+        format!("tenant-a-orders={TENANT_A}"),
+        format!("tenant-b-payroll={TENANT_B}"),
+        format!("*={OPERATOR}"),
+    );
+    let mut args = vec![
+        "serve",
+        "--store",
+        store,
+        "--auth-token",
+        &a,
+        "--auth-token",
+        &b,
+        "--auth-token",
+        &all,
+    ];
+    args.extend_from_slice(extra);
+    let idem = start(&args, &[]).await;
+    for (ns, token) in [
+        ("tenant-a-orders", TENANT_A),
+        ("tenant-b-payroll", TENANT_B),
+    ] {
+        let url = idem.url(&format!("/v1/{ns}/begin"));
+        let held = post_auth(&url, token, json!({"key": format!("{ns}-secret-key")})).await;
+        assert_eq!(held.json()["status"], "acquired");
+    }
+    idem
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_auth_on_each_token_sees_its_own_namespaces_and_nobody_else_sees_any() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}/data", dir.path().display());
+    let idem = two_tenants(&store, &[]).await;
+    let status_json = idem.url("/status.json");
+    // Without a token, or with an unknown one: nothing.
+    assert_eq!(get(&status_json).await.status, 401);
+    assert_eq!(
+        get_with(&status_json, Some("not-a-token-0123456789"))
+            .await
+            .status,
+        401
+    );
+    let both_counted = |s: &Value| {
+        ["tenant-a-orders", "tenant-b-payroll"]
+            .iter()
+            .all(|ns| s.to_string().contains(ns))
+    };
+    // The operator sees both tenants and the store's address.
+    let all = status_seen_by(
+        &idem,
+        Some(OPERATOR),
+        "",
+        Duration::from_secs(15),
+        both_counted,
+    )
+    .await;
+    assert!(
+        all["store"]["description"]
+            .as_str()
+            .unwrap()
+            .contains(dir.path().to_str().unwrap())
+    );
+    // A tenant sees its own namespace, not the other's, nor the store.
+    let a = status_seen_by(&idem, Some(TENANT_A), "", Duration::from_secs(15), |s| {
+        s.to_string().contains("tenant-a-orders")
+    })
+    .await;
+    let text = a.to_string();
+    assert!(!text.contains("tenant-b"), "{a:#}");
+    assert!(!text.contains(dir.path().to_str().unwrap()), "{a:#}");
+    assert!(a["store"].get("findings").is_none(), "{a:#}");
+    assert_eq!(namespace(&a, "tenant-a-orders")["in_progress"], 1, "{a:#}");
+    assert!(!text.contains("secret-key"), "keys never show: {a:#}");
+    let other = get_with(
+        &idem.url("/status.json?namespace=tenant-b-payroll"),
+        Some(TENANT_A),
+    )
+    .await;
+    assert_eq!(other.status, 403);
+    // /metrics names every namespace: a token for every namespace only.
+    assert_eq!(get(&idem.url("/metrics")).await.status, 401);
+    assert_eq!(
+        get_with(&idem.url("/metrics"), Some(TENANT_A)).await.status,
+        403
+    );
+    let metrics = get_with(&idem.url("/metrics"), Some(OPERATOR)).await;
+    assert_eq!(metrics.status, 200);
+    assert!(String::from_utf8_lossy(&metrics.body).contains("tenant-b-payroll"));
+    assert_eq!(idem.terminate().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_public_status_page_and_public_metrics_are_the_operator_s_choice() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}/data", dir.path().display());
+    let idem = two_tenants(
+        &store,
+        &[
+            "--status-page",
+            "public",
+            "--public-metrics",
+            "--stuck-after",
+            "1s",
+        ],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let status = status_when(&idem, "", Duration::from_secs(15), |s| {
+        s.to_string().contains("tenant-b-payroll-secret-key")
+    })
+    .await;
+    assert_eq!(status["store"]["keys_shown"], true);
+    assert!(status.to_string().contains("tenant-a-orders"));
+    let metrics = get(&idem.url("/metrics")).await;
+    assert_eq!(metrics.status, 200);
     assert_eq!(idem.terminate().await, 0);
 }
 
@@ -257,37 +416,39 @@ fn browser() -> Option<(PathBuf, PathBuf)> {
     Some((chromium, dir))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_page_draws_live_traffic_in_a_browser() {
-    let Some((chromium, dir)) = browser() else {
-        return;
-    };
-    let data = tempfile::tempdir().unwrap();
-    let store = format!("file://{}/data", data.path().display());
-    let idem = start(&["serve", "--store", &store, "--stuck-after", "1s"], &[]).await;
-    let held = post(&idem.url("/v1/orders/begin"), json!({"key": "stuck-order"})).await;
-    assert_eq!(held.json()["status"], "acquired");
+/// Looks at the page of `idem` in Chromium while `orders` and `carts` get
+/// traffic (with `bearer`, which the page is given too when it asks):
+/// what the page showed, as the driver reports it.
+async fn look_in_browser(idem: &Process, bearer: Option<&str>) -> Option<Value> {
+    let (chromium, dir) = browser()?;
     // Traffic for as long as the browser looks.
     let base = idem.base.clone();
+    let token = bearer.map(str::to_owned);
     let traffic = tokio::spawn(async move {
         for round in 0.. {
-            begin_and_complete(&base, "orders", &format!("live-{round}"), 5).await;
-            begin_and_complete(&base, "carts", &format!("live-{round}"), 2).await;
+            let t = token.as_deref();
+            begin_and_complete_as(&base, t, "orders", &format!("live-{round}"), 5).await;
+            begin_and_complete_as(&base, t, "carts", &format!("live-{round}"), 2).await;
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     });
-    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join(match bearer {
+        Some(_) => "status-page-token.png",
+        None => "status-page.png",
+    });
     let _ = std::fs::remove_file(&shot);
-    let out = tokio::process::Command::new("node")
-        .arg(dir.join("status_page.mjs"))
+    let mut node = tokio::process::Command::new("node");
+    node.arg(dir.join("status_page.mjs"))
         .arg(idem.url("/"))
         .arg(&shot)
         .arg("orders")
         .env("IDEM_CHROMIUM", &chromium)
         .current_dir(&dir)
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(90), out)
+        .kill_on_drop(true);
+    if let Some(t) = bearer {
+        node.env("IDEM_STATUS_TOKEN", t);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(90), node.output())
         .await
         .expect("the browser finishes within 90 s")
         .unwrap();
@@ -295,7 +456,22 @@ async fn the_page_draws_live_traffic_in_a_browser() {
     let said = String::from_utf8_lossy(&out.stdout);
     eprintln!("{said}{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "the page failed in Chromium: {said}");
-    let seen: Value = serde_json::from_str(said.trim()).unwrap();
+    let png = std::fs::metadata(&shot).expect("a screenshot").len();
+    assert!(png > 10_000, "a screenshot of {png} bytes is blank");
+    eprintln!("screenshot: {}", shot.display());
+    Some(serde_json::from_str(said.trim()).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_draws_live_traffic_in_a_browser() {
+    let data = tempfile::tempdir().unwrap();
+    let store = format!("file://{}/data", data.path().display());
+    let idem = start(&["serve", "--store", &store, "--stuck-after", "1s"], &[]).await;
+    let held = post(&idem.url("/v1/orders/begin"), json!({"key": "stuck-order"})).await;
+    assert_eq!(held.json()["status"], "acquired");
+    let Some(seen) = look_in_browser(&idem, None).await else {
+        return;
+    };
     let lines = seen["seen"]["lines"].as_array().unwrap();
     assert!(lines.contains(&json!("acquired")), "{seen}");
     let stuck = seen["seen"]["stuck"].to_string();
@@ -303,8 +479,49 @@ async fn the_page_draws_live_traffic_in_a_browser() {
         stuck.contains("stuck-order"),
         "the stuck claim is listed: {stuck}"
     );
-    let png = std::fs::metadata(&shot).expect("a screenshot").len();
-    assert!(png > 10_000, "a screenshot of {png} bytes is blank");
-    eprintln!("screenshot: {}", shot.display());
+    assert_eq!(idem.terminate().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_auth_on_the_page_asks_for_a_token_and_shows_what_it_may_see() {
+    const ORDERS: &str = "orders-and-carts-0123456789";
+    let data = tempfile::tempdir().unwrap();
+    let store = format!("file://{}/data", data.path().display());
+    let (grant, other) = (
+        format!("orders,carts={ORDERS}"),
+        "payroll=payroll-token-0123456789".to_owned(),
+    );
+    let idem = start(
+        &[
+            "serve",
+            "--store",
+            &store,
+            "--auth-token",
+            &grant,
+            "--auth-token",
+            &other,
+        ],
+        &[],
+    )
+    .await;
+    let payroll = post_auth(
+        &idem.url("/v1/payroll/begin"),
+        "payroll-token-0123456789",
+        json!({"key": "salary"}),
+    )
+    .await;
+    assert_eq!(payroll.json()["status"], "acquired");
+    let Some(seen) = look_in_browser(&idem, Some(ORDERS)).await else {
+        return;
+    };
+    assert_eq!(seen["asked_for_token"], true, "{seen}");
+    assert_eq!(seen["before_token"]["namespaces"], json!([]), "{seen}");
+    let lines = seen["seen"]["lines"].as_array().unwrap();
+    assert!(lines.contains(&json!("acquired")), "{seen}");
+    let listed = seen["seen"]["namespaces"].to_string();
+    assert!(
+        listed.contains("orders") && !listed.contains("payroll"),
+        "{listed}"
+    );
     assert_eq!(idem.terminate().await, 0);
 }

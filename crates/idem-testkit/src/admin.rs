@@ -3,6 +3,7 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use bytes::Bytes;
 use idem_core::admin::{Admin, NamespaceStats, Purge};
@@ -111,6 +112,25 @@ pub async fn stats_count_each_state<S: Store + Admin + Clone>(s: &Subject<S>) {
         panic!("the abandoned claim is still a record in progress");
     };
     assert_eq!(stats.oldest_in_progress, Some(abandoned.started_at));
+
+    // Every namespace in one call gives the same counts, and the bounded
+    // count too.
+    let all = s.store.stats_all().await.unwrap();
+    let mine: Vec<_> = all.iter().filter(|(n, _)| *n == ns).collect();
+    assert_eq!(mine.len(), 1, "listed once: {all:?}");
+    assert_eq!(live_counts(&mine[0].1), (1, 1, 1), "{all:?}");
+    assert_eq!(mine[0].1.oldest_in_progress, stats.oldest_in_progress);
+    assert!(
+        all.windows(2).all(|w| w[0].0 < w[1].0),
+        "in order, once each"
+    );
+    let within = s
+        .store
+        .stats_within(&ns, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(live_counts(&within), (1, 1, 1), "{within:?}");
+    assert_eq!(within.oldest_in_progress, stats.oldest_in_progress);
 }
 
 /// `namespaces` lists every namespace holding a record, in order.

@@ -9,12 +9,14 @@
 //! held when it began, so messages dead-lettered meanwhile wait for the
 //! next run.
 //!
-//! A dead letter's id is its position in the queue when read (`1` for the
-//! head): stable while nothing else takes from or replays into it. On
-//! RabbitMQ 4, each message a verb puts back counts one delivery against a
-//! quorum queue's delivery limit (20 unless the queue sets
-//! `x-delivery-limit`), which idem's dead-letter queues do not: list
-//! sparingly there, or set a policy with a higher limit.
+//! A dead letter's id is a digest of what it holds (its headers, among them
+//! its key and when it was parked, and its body): it names the same letter
+//! wherever it stands in the queue, however many were replayed before it,
+//! so an id copied from an earlier `ls` never selects another letter. Each
+//! message a verb reads and puts back counts one delivery on a quorum
+//! queue (`x-delivery-count`), so `find` reads no further than its letter;
+//! idem declares its dead-letter queues with a delivery limit no queue
+//! reaches, since RabbitMQ 4 would otherwise drop a letter after 20.
 
 use std::time::{Duration, SystemTime};
 
@@ -22,7 +24,9 @@ use bytes::Bytes;
 use futures_util::FutureExt as _;
 use futures_util::future::BoxFuture;
 use idem_consumer::SourceError;
-use idem_consumer::dlq::{Before, Choose, DeadLetterQueue, Parked, REPLAYED_FROM_HEADER};
+use idem_consumer::dlq::{
+    Before, Choose, DeadLetterQueue, Parked, REPLAYED_FROM_HEADER, Settle, Settled,
+};
 use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel};
@@ -88,7 +92,7 @@ impl AmqpDeadLetters {
     }
 
     /// The next message, held unacked; `None` when the queue is empty.
-    async fn next(&self, channel: &Channel, position: u32) -> Result<Option<Held>, SourceError> {
+    async fn next(&self, channel: &Channel) -> Result<Option<Held>, SourceError> {
         let got = channel
             .basic_get(
                 self.dead_letter.as_str().into(),
@@ -102,7 +106,7 @@ impl AmqpDeadLetters {
             let parked_at = parked_at(&properties, &headers);
             Held {
                 parked: Parked {
-                    id: position.to_string(),
+                    id: content_id(&headers, &m.delivery.data),
                     parked_at,
                     headers,
                     body: Bytes::from(m.delivery.data.clone()),
@@ -112,6 +116,35 @@ impl AmqpDeadLetters {
             }
         }))
     }
+}
+
+/// A dead letter's id: the first 12 hex digits of SHA-256 over its
+/// headers (in the order the message has them) and its body. Headers the
+/// broker sets (`x-delivery-count`, which each read and put-back of a
+/// quorum queue raises, `x-death`, …) are left out: they change while the
+/// letter does not.
+fn content_id(headers: &[(String, Bytes)], body: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    use std::fmt::Write as _;
+    let mut digest = Sha256::new();
+    let own = headers.iter().filter(|(name, _)| {
+        !name
+            .get(..2)
+            .is_some_and(|prefix| prefix.eq_ignore_ascii_case("x-"))
+    });
+    for (name, value) in own {
+        for part in [name.as_bytes(), value] {
+            digest.update((part.len() as u64).to_le_bytes());
+            digest.update(part);
+        }
+    }
+    digest.update(body);
+    digest.finalize()[..6]
+        .iter()
+        .fold(String::with_capacity(12), |mut id, b| {
+            let _ = write!(id, "{b:02x}");
+            id
+        })
 }
 
 /// When a dead letter was parked: its `idem-dead-lettered-at` header, else
@@ -168,6 +201,31 @@ impl DeadLetterQueue for AmqpDeadLetters {
         &self.queue
     }
 
+    fn find<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Parked>, SourceError>> {
+        async move {
+            let (channel, count) = self.reader().await?;
+            let mut found = None;
+            let mut read = 0;
+            // Stops at the letter asked for: each message read and put back
+            // counts a delivery on a quorum queue.
+            while found.is_none() && read < count {
+                read += 1;
+                match self.next(&channel).await {
+                    Ok(Some(held)) if held.parked.id == id => found = Some(held.parked),
+                    Ok(Some(_)) => {}
+                    Ok(None) => break,
+                    Err(e) => {
+                        let _ = channel.close(200, "OK".into()).await;
+                        return Err(e);
+                    }
+                }
+            }
+            let _ = channel.close(200, "OK".into()).await;
+            Ok(found)
+        }
+        .boxed()
+    }
+
     fn peek(&self, limit: usize) -> BoxFuture<'_, Result<Vec<Parked>, SourceError>> {
         async move {
             let (channel, count) = self.reader().await?;
@@ -175,7 +233,7 @@ impl DeadLetterQueue for AmqpDeadLetters {
             let mut position = 0;
             while out.len() < limit && position < count {
                 position += 1;
-                match self.next(&channel, position).await {
+                match self.next(&channel).await {
                     Ok(Some(held)) => out.push(held.parked),
                     Ok(None) => break,
                     Err(e) => {
@@ -191,20 +249,22 @@ impl DeadLetterQueue for AmqpDeadLetters {
         .boxed()
     }
 
-    fn replay<'a>(
+    fn settle<'a>(
         &'a self,
+        how: Settle,
         choose: Choose<'a>,
         limit: usize,
         before: Before<'a>,
-    ) -> BoxFuture<'a, Result<Vec<Parked>, SourceError>> {
+        settled: Settled<'a>,
+    ) -> BoxFuture<'a, Result<usize, SourceError>> {
         async move {
             let (channel, count) = self.reader().await?;
             let result = async {
-                let mut moved = Vec::new();
+                let mut done = 0;
                 let mut position = 0;
-                while moved.len() < limit && position < count {
+                while done < limit && position < count {
                     position += 1;
-                    let Some(held) = self.next(&channel, position).await? else {
+                    let Some(held) = self.next(&channel).await? else {
                         break;
                     };
                     if !choose(&held.parked) {
@@ -214,23 +274,26 @@ impl DeadLetterQueue for AmqpDeadLetters {
                         continue;
                     }
                     let from = format!("{}/{}", self.dead_letter, held.parked.id);
-                    let props = replayed(&held.properties, &from);
-                    self.link
-                        .publish(&self.queue, &held.parked.body, props)
-                        .await
-                        .map_err(|e| {
-                            SourceError::new(format!("replaying {from} to `{}`", self.queue), e)
-                        })?;
+                    if how == Settle::Replay {
+                        let props = replayed(&held.properties, &from);
+                        self.link
+                            .publish(&self.queue, &held.parked.body, props)
+                            .await
+                            .map_err(|e| {
+                                SourceError::new(format!("replaying {from} to `{}`", self.queue), e)
+                            })?;
+                    }
                     channel
                         .basic_ack(held.tag, BasicAckOptions::default())
                         .await
                         .map_err(|e| SourceError::new(format!("removing {from}"), e))?;
-                    moved.push(held.parked);
+                    settled(&held.parked);
+                    done += 1;
                 }
-                Ok(moved)
+                Ok(done)
             }
             .await;
-            // Puts back what was read and not replayed.
+            // Puts back what was read and not settled.
             let _ = channel.close(200, "OK".into()).await;
             result
         }

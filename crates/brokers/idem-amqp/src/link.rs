@@ -30,6 +30,13 @@ pub(crate) struct Link {
     declared: Mutex<HashSet<String>>,
 }
 
+/// A quorum queue's delivery limit argument.
+const DELIVERY_LIMIT: &str = "x-delivery-limit";
+
+/// The dead-letter queue's delivery limit: two billion deliveries, none in
+/// practice.
+pub(crate) const UNLIMITED_DELIVERIES: i64 = i32::MAX as i64;
+
 impl Link {
     /// Connects and opens the publishing channel, within the answer
     /// timeout; `role` names the connection in RabbitMQ's connection list.
@@ -106,6 +113,14 @@ impl Link {
     /// a missing one is declared durable.
     pub(crate) async fn declare_work_queue(&self) -> Result<(), ConnectError> {
         let queue = self.config.queue();
+        if !self.exists(queue).await? {
+            self.declare(queue, FieldTable::default()).await?;
+        }
+        Ok(())
+    }
+
+    /// Whether `queue` exists (a passive declare).
+    async fn exists(&self, queue: &str) -> Result<bool, ConnectError> {
         let check = self.channel(queue).await?;
         let passive = QueueDeclareOptions {
             passive: true,
@@ -126,19 +141,47 @@ impl Link {
         let _ = self
             .answer("closing a channel", check.close(200, "OK".into()))
             .await;
-        if !exists {
-            self.declare(queue, FieldTable::default()).await?;
-        }
-        Ok(())
+        Ok(exists)
     }
 
     /// The dead-letter queue, declared unless this connection did already:
-    /// a quorum queue, replicated where the broker is a cluster.
+    /// a quorum queue, replicated where the broker is a cluster, with no
+    /// delivery limit. RabbitMQ 4 gives a quorum queue a limit of 20
+    /// deliveries unless it sets `x-delivery-limit`, and then drops the
+    /// message (a dead-letter queue has no dead-letter exchange to catch
+    /// it); every dead letter `idem dlq` reads and puts back counts one.
+    /// So it is declared with the largest limit there is,
+    /// [`UNLIMITED_DELIVERIES`]: RabbitMQ 4 reads -1 as "no limit", but 3.x
+    /// takes -1 as a limit already reached and drops each message at its
+    /// first return. A broker that refuses the argument gets the queue
+    /// without it, as does one an earlier idem declared without it (which
+    /// on RabbitMQ 4 needs a policy: README, "RabbitMQ").
     pub(crate) async fn dead_letter_queue(&self) -> Result<String, ConnectError> {
         let name = self.config.dead_letter_queue();
-        let mut args = FieldTable::default();
-        args.insert("x-queue-type".into(), text("quorum"));
-        self.ensure(&name, args).await?;
+        if self.declared.lock().contains(&name) {
+            return Ok(name);
+        }
+        let quorum = || {
+            let mut args = FieldTable::default();
+            args.insert("x-queue-type".into(), text("quorum"));
+            args
+        };
+        let mut unlimited = quorum();
+        unlimited.insert(
+            DELIVERY_LIMIT.into(),
+            AMQPValue::LongLongInt(UNLIMITED_DELIVERIES),
+        );
+        match self.declare(&name, unlimited).await {
+            Ok(()) => {}
+            // Declared earlier without the limit, or a broker that takes
+            // none: the queue as it is, if it is a quorum queue.
+            Err(ConnectError::QueueArguments { reason, .. }) => {
+                self.declare(&name, quorum()).await?;
+                tracing::warn!(queue = %name, %reason, "the dead-letter queue has no delivery limit of idem's: on RabbitMQ 4 give it a policy (README, \"RabbitMQ\"), or it drops a letter read 20 times");
+            }
+            Err(e) => return Err(e),
+        }
+        self.declared.lock().insert(name.clone());
         Ok(name)
     }
 

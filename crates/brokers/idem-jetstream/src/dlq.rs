@@ -18,13 +18,13 @@ use std::time::{Duration, SystemTime};
 use async_nats::HeaderMap;
 use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::context;
-use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
+use async_nats::jetstream::stream::{DeleteMessageErrorKind, LastRawMessageErrorKind, Stream};
 use async_nats::{HeaderName, HeaderValue};
 use bytes::Bytes;
 use futures_util::FutureExt as _;
 use futures_util::future::BoxFuture;
 use idem_consumer::SourceError;
-use idem_consumer::dlq::{Before, Choose, DeadLetterQueue, Parked};
+use idem_consumer::dlq::{Before, Choose, DeadLetterQueue, Parked, Settle, Settled};
 
 use crate::{ConnectError, JetStreamConfig};
 
@@ -167,6 +167,19 @@ impl JetStreamDeadLetters {
     }
 }
 
+/// Whether a delete failed because the message is gone already: NATS says
+/// "no message found" under either of two codes, by version.
+fn already_gone(kind: &DeleteMessageErrorKind) -> bool {
+    match kind {
+        DeleteMessageErrorKind::JetStream(j) => {
+            j.error_code() == ErrorCode::NO_MESSAGE_FOUND
+                || (j.error_code() == ErrorCode::STREAM_MESSAGE_DELETE_FAILED
+                    && j.to_string().contains("no message found"))
+        }
+        _ => false,
+    }
+}
+
 impl DeadLetterQueue for JetStreamDeadLetters {
     fn name(&self) -> &str {
         &self.dead_letter
@@ -192,16 +205,18 @@ impl DeadLetterQueue for JetStreamDeadLetters {
         .boxed()
     }
 
-    fn replay<'a>(
+    fn settle<'a>(
         &'a self,
+        how: Settle,
         choose: Choose<'a>,
         limit: usize,
         before: Before<'a>,
-    ) -> BoxFuture<'a, Result<Vec<Parked>, SourceError>> {
+        settled: Settled<'a>,
+    ) -> BoxFuture<'a, Result<usize, SourceError>> {
         async move {
-            let mut moved = Vec::new();
+            let mut done = 0;
             let mut from = 1;
-            while moved.len() < limit {
+            while done < limit {
                 let Some(p) = self.at_or_after(from).await? else {
                     break;
                 };
@@ -213,25 +228,35 @@ impl DeadLetterQueue for JetStreamDeadLetters {
                 if !before(&p).await? {
                     continue;
                 }
-                let target = self.target(&p)?;
-                let what = format!("replaying {}/{} to `{target}`", self.dead_letter, p.id);
-                let headers = self.replay_headers(&p)?;
-                let ack = self
-                    .js
-                    .publish_with_headers(target, headers, p.body.clone())
-                    .await
-                    .map_err(|e| SourceError::new(what.clone(), e))?
-                    .await
-                    .map_err(|e| SourceError::new(what.clone(), e))?;
-                // A duplicate: this dead letter was replayed already (by a
-                // run that stopped before removing it); remove it now.
-                let _ = ack.duplicate;
-                self.stream.delete_message(sequence).await.map_err(|e| {
-                    SourceError::new(format!("removing {}/{}", self.dead_letter, p.id), e)
-                })?;
-                moved.push(p);
+                if how == Settle::Replay {
+                    let target = self.target(&p)?;
+                    let what = format!("replaying {}/{} to `{target}`", self.dead_letter, p.id);
+                    let headers = self.replay_headers(&p)?;
+                    // A duplicate (the same replay id within the stream's
+                    // duplicate window) means another run replayed this
+                    // dead letter first: no second copy is stored.
+                    self.js
+                        .publish_with_headers(target, headers, p.body.clone())
+                        .await
+                        .map_err(|e| SourceError::new(what.clone(), e))?
+                        .await
+                        .map_err(|e| SourceError::new(what.clone(), e))?;
+                }
+                match self.stream.delete_message(sequence).await {
+                    Ok(_) => {}
+                    // Removed by another run meanwhile: settled, not by us.
+                    Err(e) if already_gone(&e.kind()) => continue,
+                    Err(e) => {
+                        return Err(SourceError::new(
+                            format!("removing {}/{}", self.dead_letter, p.id),
+                            e,
+                        ));
+                    }
+                }
+                settled(&p);
+                done += 1;
             }
-            Ok(moved)
+            Ok(done)
         }
         .boxed()
     }

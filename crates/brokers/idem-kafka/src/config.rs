@@ -65,7 +65,7 @@ pub enum Lanes {
 /// assert_eq!(config.dead_letter_topic(), "orders-dlt");
 /// # Ok::<_, idem_kafka::ConfigError>(())
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct KafkaConfig {
     pub(crate) brokers: String,
     pub(crate) topic: String,
@@ -85,6 +85,41 @@ pub struct KafkaConfig {
     pub(crate) lease: Option<Duration>,
     /// librdkafka properties given as they are (URL parameters with a dot).
     pub(crate) properties: Vec<(String, String)>,
+}
+
+/// Every setting, with the values of secret properties
+/// (`sasl.password`, `ssl.key.password`, …) shown as `***`.
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let properties: Vec<(&str, &str)> = self
+            .properties
+            .iter()
+            .map(|(name, value)| {
+                let shown = match idem_core::text::is_secret_param(name) {
+                    true => "***",
+                    false => value.as_str(),
+                };
+                (name.as_str(), shown)
+            })
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("topic", &self.topic)
+            .field("group", &self.group)
+            .field("retry", &self.retry)
+            .field("dead_letter", &self.dead_letter)
+            .field("concurrency", &self.concurrency)
+            .field("commit_interval", &self.commit_interval)
+            .field("read_committed", &self.read_committed)
+            .field("offset_reset", &self.offset_reset)
+            .field("partitions", &self.partitions)
+            .field("replication", &self.replication)
+            .field("lanes", &self.lanes)
+            .field("revoke_grace", &self.revoke_grace)
+            .field("lease", &self.lease)
+            .field("properties", &properties)
+            .finish()
+    }
 }
 
 impl KafkaConfig {
@@ -119,7 +154,7 @@ impl KafkaConfig {
         let Some(rest) = url.strip_prefix("kafka://") else {
             let scheme = url.split_once("://").map_or("none", |(s, _)| s);
             return Err(ConfigError::Url {
-                url: url.to_owned(),
+                url: idem_core::text::redacted_url(url),
                 reason: format!("the scheme is `{scheme}`, not kafka"),
             });
         };
@@ -132,7 +167,7 @@ impl KafkaConfig {
             })
         {
             return Err(ConfigError::Url {
-                url: url.to_owned(),
+                url: idem_core::text::redacted_url(url),
                 reason: "give the brokers as HOST:PORT, separated by commas".into(),
             });
         }
@@ -243,7 +278,7 @@ impl KafkaConfig {
                 _ => {
                     return Err(ConfigError::UnknownParameter {
                         name,
-                        url: url.to_owned(),
+                        url: idem_core::text::redacted_url(url),
                     });
                 }
             }
@@ -252,7 +287,7 @@ impl KafkaConfig {
             if value.is_empty() {
                 return Err(ConfigError::MissingParameter {
                     name,
-                    url: url.to_owned(),
+                    url: idem_core::text::redacted_url(url),
                 });
             }
         }
@@ -520,6 +555,26 @@ mod tests {
         let blocking = KafkaConfig::from_url("kafka://a:1?topic=t&group=g&retry=blocking").unwrap();
         assert_eq!(blocking.retry, RetryMode::Blocking);
         assert_eq!(blocking.subscribed(), ["t"]);
+    }
+
+    #[test]
+    fn a_sasl_password_is_never_shown() {
+        let url = "kafka://h:1?topic=t&group=g&sasl.username=app&sasl.password=hunter2";
+        for bad in [
+            format!("{url}&colour=red"),
+            url.replace("topic=t&", ""),
+            url.replace("h:1", "h"),
+        ] {
+            let e = KafkaConfig::from_url(&bad).unwrap_err().to_string();
+            assert!(!e.contains("hunter2"), "{e}");
+            assert!(e.contains("sasl.password=***"), "{e}");
+        }
+        let config = KafkaConfig::from_url(url).unwrap();
+        let shown = format!("{config:?}");
+        assert!(
+            !shown.contains("hunter2") && shown.contains("sasl.username"),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! The dead-letter topic seen from outside the runner (`idem dlq`).
 //!
 //! A Kafka topic is a log: a record cannot be taken out of it. So each
-//! replay is recorded in a companion topic, `<dead-letter topic>.replayed`
-//! (one partition, created when missing), as the replayed record's
-//! `partition:offset`, written after its copy is; listing and replaying
-//! leave out what it names. Both verbs read the topics whole, from their
+//! replay (or drop) is recorded in a companion topic, `<dead-letter
+//! topic>.replayed` (one partition, kept forever, created by the first
+//! replay or drop), as the settled record's `partition:offset@timestamp`,
+//! written after its copy is; listing and replaying leave out what it
+//! names. The timestamp keeps a dead-letter topic created again (its
+//! offsets start over) from inheriting the old topic's replays. Both verbs read the topics whole, from their
 //! low to their high watermark, with librdkafka's consumer assigned to
 //! every partition (no group, nothing committed).
 //!
@@ -22,7 +24,7 @@ use bytes::Bytes;
 use futures_util::FutureExt as _;
 use futures_util::future::BoxFuture;
 use idem_consumer::SourceError;
-use idem_consumer::dlq::{Parked, ReplayLog, Unreplayed};
+use idem_consumer::dlq::{Parked, ReplayLog, Settle, Unreplayed};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -71,6 +73,15 @@ impl KafkaDeadLetters {
     ///
     /// Dropping it may leave the companion topic created, and nothing else.
     pub async fn connect(config: KafkaConfig) -> Result<Self, ConnectError> {
+        let letters = Self::connect_reading(config.clone())?;
+        letters.create_log(&config).await?;
+        Ok(letters)
+    }
+
+    /// [`connect`](Self::connect) for reading alone (`idem dlq ls`,
+    /// `show`, `idem doctor`): creates nothing, so it needs no right to
+    /// write; a missing `.replayed` companion reads as empty.
+    pub fn connect_reading(config: KafkaConfig) -> Result<Self, ConnectError> {
         let client = crate::source::client_config(&config);
         let producer: FutureProducer = client
             .clone()
@@ -80,17 +91,31 @@ impl KafkaDeadLetters {
             .map_err(|e| ConnectError::Kafka(format!("creating the producer: {e}")))?;
         let dead_letter = config.dead_letter_topic();
         let replayed = format!("{dead_letter}.replayed");
-        let admin: AdminClient<DefaultClientContext> = client
+        Ok(Self {
+            client,
+            producer,
+            topic: config.topic.clone(),
+            dead_letter,
+            replayed,
+        })
+    }
+
+    /// Creates the `.replayed` companion when missing: one partition, kept
+    /// forever (`retention.ms=-1`: a record a replay, so it outlives any
+    /// retention of the dead-letter topic; were it shorter, replayed
+    /// letters would come back as not replayed).
+    async fn create_log(&self, config: &KafkaConfig) -> Result<(), ConnectError> {
+        let admin: AdminClient<DefaultClientContext> = self
+            .client
             .create()
             .map_err(|e| ConnectError::Kafka(format!("creating the admin client: {e}")))?;
         let replication = config.replication.map_or(-1, i32::from);
         let created = admin
             .create_topics(
-                &[NewTopic::new(
-                    &replayed,
-                    1,
-                    TopicReplication::Fixed(replication),
-                )],
+                &[
+                    NewTopic::new(&self.replayed, 1, TopicReplication::Fixed(replication))
+                        .set("retention.ms", "-1"),
+                ],
                 &AdminOptions::new().operation_timeout(Some(REQUEST_TIMEOUT)),
             )
             .await
@@ -108,13 +133,7 @@ impl KafkaDeadLetters {
                 }
             }
         }
-        Ok(Self {
-            client,
-            producer,
-            topic: config.topic.clone(),
-            dead_letter,
-            replayed,
-        })
+        Ok(())
     }
 
     /// Every record of `topic`, in partition and offset order.
@@ -127,10 +146,10 @@ impl KafkaDeadLetters {
             .map_err(|e| SourceError::new(format!("reading topic {topic}"), e))
     }
 
-    /// The dead letters not replayed yet, oldest offset first in each
-    /// partition.
+    /// The dead letters not replayed (nor dropped) yet, oldest offset
+    /// first in each partition.
     async fn parked(&self) -> Result<Vec<(Parked, Read)>, SourceError> {
-        let replayed: HashSet<String> = self
+        let settled: HashSet<String> = self
             .read(&self.replayed)
             .await?
             .into_iter()
@@ -142,7 +161,7 @@ impl KafkaDeadLetters {
             .into_iter()
             .filter_map(|r| {
                 let id = format!("{}:{}", r.partition, r.offset);
-                if replayed.contains(&id) {
+                if was_settled(&settled, &id, r.timestamp_ms) {
                     return None;
                 }
                 let parked = Parked {
@@ -302,17 +321,72 @@ impl ReplayLog for KafkaDeadLetters {
         .boxed()
     }
 
-    fn republish<'a>(
+    fn settle_one<'a>(
         &'a self,
+        how: Settle,
         p: &'a Parked,
         key: &'a Self::Extra,
     ) -> BoxFuture<'a, Result<(), SourceError>> {
         async move {
-            let headers = p.replay_headers(&self.dead_letter);
-            self.send(&self.topic, key.as_deref(), &headers, &p.body)
-                .await?;
-            self.send(&self.replayed, None, &[], p.id.as_bytes()).await
+            if how == Settle::Replay {
+                let headers = p.replay_headers(&self.dead_letter);
+                self.send(&self.topic, key.as_deref(), &headers, &p.body)
+                    .await?;
+            }
+            let settled = match how {
+                Settle::Replay => "replayed",
+                Settle::Drop => "dropped",
+            };
+            let header = [(
+                "idem-settled".to_owned(),
+                Bytes::from_static(settled.as_bytes()),
+            )];
+            let at = p.parked_at.and_then(|t| {
+                let ms = t.duration_since(SystemTime::UNIX_EPOCH).ok()?.as_millis();
+                i64::try_from(ms).ok()
+            });
+            self.send(
+                &self.replayed,
+                None,
+                &header,
+                log_entry(&p.id, at).as_bytes(),
+            )
+            .await
         }
         .boxed()
+    }
+}
+
+/// A dead letter's record in the replay log: `partition:offset@timestamp`.
+/// The timestamp tells apart the record at the same place of a dead-letter
+/// topic deleted and created again, whose offsets start over: its replays
+/// are not taken for the new letters'.
+fn log_entry(id: &str, timestamp_ms: Option<i64>) -> String {
+    match timestamp_ms {
+        Some(ms) => format!("{id}@{ms}"),
+        None => id.to_owned(),
+    }
+}
+
+/// Whether the replay log `settled` names the record `id` written at
+/// `timestamp_ms`: by both, or by `id` alone where an earlier idem recorded
+/// `partition:offset` only.
+fn was_settled(settled: &HashSet<String>, id: &str, timestamp_ms: Option<i64>) -> bool {
+    settled.contains(&log_entry(id, timestamp_ms)) || settled.contains(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_topic_made_again_does_not_inherit_the_old_one_s_replays() {
+        let settled: HashSet<String> = [log_entry("0:5", Some(1_000)), "1:7".to_owned()].into();
+        assert!(was_settled(&settled, "0:5", Some(1_000)));
+        // The same place in a topic deleted and created again.
+        assert!(!was_settled(&settled, "0:5", Some(9_000)));
+        assert!(!was_settled(&settled, "0:6", Some(1_000)));
+        // Recorded by an earlier idem, without the time.
+        assert!(was_settled(&settled, "1:7", Some(5_000)));
     }
 }

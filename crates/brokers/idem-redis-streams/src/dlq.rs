@@ -2,7 +2,7 @@
 //! entries read with `XRANGE`, and each replayed entry moved back to the
 //! work stream by one script (`XADD` there, `XDEL` here), so an entry is
 //! never both replayed and still parked, and two operators replaying at
-//! once move it once.
+//! once move it once. A dropped entry is removed with `XDEL`.
 
 use std::time::{Duration, SystemTime};
 
@@ -10,7 +10,7 @@ use bytes::Bytes;
 use futures_util::FutureExt as _;
 use futures_util::future::BoxFuture;
 use idem_consumer::SourceError;
-use idem_consumer::dlq::{Before, Choose, DeadLetterQueue, Parked};
+use idem_consumer::dlq::{Before, Choose, DeadLetterQueue, Parked, Settle, Settled};
 use redis::Value;
 use redis::aio::ConnectionManager;
 
@@ -136,53 +136,64 @@ impl DeadLetterQueue for RedisStreamDeadLetters {
         .boxed()
     }
 
-    fn replay<'a>(
+    fn settle<'a>(
         &'a self,
+        how: Settle,
         choose: Choose<'a>,
         limit: usize,
         before: Before<'a>,
-    ) -> BoxFuture<'a, Result<Vec<Parked>, SourceError>> {
+        settled: Settled<'a>,
+    ) -> BoxFuture<'a, Result<usize, SourceError>> {
         async move {
-            let mut moved = Vec::new();
+            let mut done = 0;
             let mut after: Option<String> = None;
-            while moved.len() < limit {
+            while done < limit {
                 let page = self.page(after.as_deref(), PAGE).await?;
                 let Some(last) = page.last() else {
                     break;
                 };
                 after = Some(last.id.clone());
                 for p in page.into_iter().filter(|p| choose(p)) {
-                    if moved.len() == limit {
+                    if done == limit {
                         break;
                     }
                     if !before(&p).await? {
                         continue;
                     }
-                    let mut call = self.mover.key(&self.dead_letter);
-                    call.key(&self.stream).arg(&p.id);
-                    for (name, value) in p.replay_headers(&self.dead_letter) {
-                        call.arg(name).arg(value.as_ref());
+                    let what = match how {
+                        Settle::Replay => format!(
+                            "moving entry {} of {} to {}",
+                            p.id, self.dead_letter, self.stream
+                        ),
+                        Settle::Drop => format!("removing entry {} of {}", p.id, self.dead_letter),
+                    };
+                    let changed: i64 = match how {
+                        Settle::Replay => {
+                            let mut call = self.mover.key(&self.dead_letter);
+                            call.key(&self.stream).arg(&p.id);
+                            for (name, value) in p.replay_headers(&self.dead_letter) {
+                                call.arg(name).arg(value.as_ref());
+                            }
+                            call.arg(BODY).arg(p.body.as_ref());
+                            call.invoke_async(&mut self.conn.clone()).await
+                        }
+                        Settle::Drop => {
+                            redis::cmd("XDEL")
+                                .arg(&self.dead_letter)
+                                .arg(&p.id)
+                                .query_async(&mut self.conn.clone())
+                                .await
+                        }
                     }
-                    call.arg(BODY).arg(p.body.as_ref());
-                    let done: i64 =
-                        call.invoke_async(&mut self.conn.clone())
-                            .await
-                            .map_err(|e| {
-                                SourceError::new(
-                                    format!(
-                                        "moving entry {} of {} to {}",
-                                        p.id, self.dead_letter, self.stream
-                                    ),
-                                    e,
-                                )
-                            })?;
-                    // 0: another replay moved it first.
-                    if done == 1 {
-                        moved.push(p);
+                    .map_err(|e| SourceError::new(what, e))?;
+                    // 0: another run settled it first.
+                    if changed == 1 {
+                        settled(&p);
+                        done += 1;
                     }
                 }
             }
-            Ok(moved)
+            Ok(done)
         }
         .boxed()
     }

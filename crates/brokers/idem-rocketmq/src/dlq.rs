@@ -2,7 +2,8 @@
 //!
 //! A RocketMQ topic keeps its messages whatever any group consumed, so,
 //! as with Kafka, each replay is recorded in a companion topic,
-//! `idem-replayed-<GROUP>`, as the replayed message's `queue:offset`,
+//! `idem-replayed-<GROUP>`, as the replayed message's
+//! `broker:queue:offset` (an earlier idem wrote `queue:offset`, still read),
 //! written after its copy is; listing and replaying leave out what it
 //! names. Both topics are read whole with the client's pull consumer, from
 //! each queue's minimum to its maximum offset, committing nothing.
@@ -27,7 +28,7 @@ use bytes::Bytes;
 use futures_util::FutureExt as _;
 use futures_util::future::BoxFuture;
 use idem_consumer::SourceError;
-use idem_consumer::dlq::{Parked, ReplayLog, Unreplayed};
+use idem_consumer::dlq::{Parked, ReplayLog, Settle, Unreplayed};
 use rocketmq_client_rust::{DefaultMQPullConsumer, PullStatus};
 use rocketmq_model::common::message::STRING_HASH_SET;
 
@@ -44,6 +45,8 @@ pub struct RocketMqDeadLetters {
     topic: String,
     dead_letter: String,
     replayed: String,
+    /// Whether the replay log was made sure of (a reader's may be missing).
+    writes: bool,
     _host: Arc<ClientHost>,
 }
 
@@ -64,6 +67,17 @@ impl RocketMqDeadLetters {
     ///
     /// Dropping the future drops the clients being started.
     pub async fn connect(config: RocketMqConfig) -> Result<Self, ConnectError> {
+        Self::open(config, true).await
+    }
+
+    /// [`connect`](Self::connect) for reading alone (`idem dlq ls`,
+    /// `show`, `idem doctor`): creates no topic, so it needs no right to;
+    /// a replay log it cannot read is reported and read as empty.
+    pub async fn connect_reading(config: RocketMqConfig) -> Result<Self, ConnectError> {
+        Self::open(config, false).await
+    }
+
+    async fn open(config: RocketMqConfig, writes: bool) -> Result<Self, ConnectError> {
         client::probe(config.name_servers()).await?;
         let host = ClientHost::new(0)?;
         let consumer = DefaultMQPullConsumer::builder(host.runtime())
@@ -87,18 +101,21 @@ impl RocketMqDeadLetters {
         ))
         .await?;
         let replayed = format!("idem-replayed-{}", config.group());
-        Box::pin(publisher.create_topic(&replayed, 1))
-            .await
-            .map_err(|e| ConnectError::Client {
-                what: "topic of replays",
-                reason: e.to_string(),
-            })?;
+        if writes {
+            Box::pin(publisher.create_topic(&replayed, 1))
+                .await
+                .map_err(|e| ConnectError::Client {
+                    what: "topic of replays",
+                    reason: e.to_string(),
+                })?;
+        }
         Ok(Self {
             consumer,
             publisher,
             topic: config.topic().to_owned(),
             dead_letter: config.dead_letter_topic(),
             replayed,
+            writes,
             _host: host,
         })
     }
@@ -146,7 +163,14 @@ impl RocketMqDeadLetters {
                             .collect();
                         properties.sort_by(|a, b| a.0.cmp(&b.0));
                         out.push(Read {
-                            id: format!("{}:{}", m.queue_id(), m.queue_offset()),
+                            // Two masters each have a queue 0: the
+                            // broker's name makes the id one letter's.
+                            id: format!(
+                                "{}:{}:{}",
+                                q.broker_name(),
+                                m.queue_id(),
+                                m.queue_offset()
+                            ),
                             keys: property("KEYS").unwrap_or_default(),
                             stored_ms: m.store_timestamp(),
                             properties,
@@ -165,9 +189,16 @@ impl RocketMqDeadLetters {
 
     /// The dead letters not replayed yet.
     async fn parked(&self) -> Result<Vec<(Parked, String)>, SourceError> {
-        let replayed: HashSet<String> = self
-            .read(&self.replayed)
-            .await?
+        let log = match self.read(&self.replayed).await {
+            Ok(log) => log,
+            // Made by the first replay or drop: before it, there is none.
+            Err(e) if !self.writes => {
+                tracing::warn!(topic = %self.replayed, error = %e, "the replay log cannot be read (none exists before a first replay); letters replayed earlier may be listed");
+                Vec::new()
+            }
+            Err(e) => return Err(e),
+        };
+        let replayed: HashSet<String> = log
             .into_iter()
             .map(|r| String::from_utf8_lossy(&r.body).into_owned())
             .collect();
@@ -175,7 +206,12 @@ impl RocketMqDeadLetters {
             .read(&self.dead_letter)
             .await?
             .into_iter()
-            .filter(|r| !replayed.contains(&r.id))
+            .filter(|r| {
+                // Settled by an idem that wrote `queue:offset`, without
+                // the broker's name: matched on those two.
+                let legacy = r.id.split_once(':').map_or("", |(_, rest)| rest);
+                !replayed.contains(&r.id) && !replayed.contains(legacy)
+            })
             .map(|r| {
                 let parked = Parked {
                     id: r.id,
@@ -207,37 +243,52 @@ impl ReplayLog for RocketMqDeadLetters {
         self.parked().boxed()
     }
 
-    fn republish<'a>(
+    fn settle_one<'a>(
         &'a self,
+        how: Settle,
         p: &'a Parked,
         keys: &'a String,
     ) -> BoxFuture<'a, Result<(), SourceError>> {
         async move {
-            let headers = p.replay_headers(&self.dead_letter);
-            let properties: Vec<(String, String)> = headers
-                .iter()
-                .map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned()))
-                .collect();
-            let properties: Vec<(&str, &str)> = properties
-                .iter()
-                .map(|(n, v)| (n.as_str(), v.as_str()))
-                .collect();
-            let what = format!("replaying {}/{} to {}", self.dead_letter, p.id, self.topic);
+            if how == Settle::Replay {
+                let headers = p.replay_headers(&self.dead_letter);
+                let properties: Vec<(String, String)> = headers
+                    .iter()
+                    .map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned()))
+                    .collect();
+                let properties: Vec<(&str, &str)> = properties
+                    .iter()
+                    .map(|(n, v)| (n.as_str(), v.as_str()))
+                    .collect();
+                let what = format!("replaying {}/{} to {}", self.dead_letter, p.id, self.topic);
+                Box::pin(
+                    self.publisher
+                        .publish(&self.topic, keys, &properties, p.body.clone()),
+                )
+                .await
+                .map_err(|e| SourceError::new(what, e))?;
+            }
+            let settled = [(SETTLED_PROPERTY, settled_as(how))];
             Box::pin(
                 self.publisher
-                    .publish(&self.topic, keys, &properties, p.body.clone()),
+                    .publish(&self.replayed, "", &settled, p.id.clone()),
             )
             .await
-            .map_err(|e| SourceError::new(what, e))?;
-            Box::pin(
-                self.publisher
-                    .publish(&self.replayed, "", &[], p.id.clone()),
-            )
-            .await
-            .map_err(|e| SourceError::new(format!("recording the replay of {}", p.id), e))?;
+            .map_err(|e| SourceError::new(format!("recording how {} was settled", p.id), e))?;
             Ok(())
         }
         .boxed()
+    }
+}
+
+/// The property of a record in the replay log that says how its dead
+/// letter was settled: `replayed` or `dropped`.
+const SETTLED_PROPERTY: &str = "idem-settled";
+
+fn settled_as(how: Settle) -> &'static str {
+    match how {
+        Settle::Replay => "replayed",
+        Settle::Drop => "dropped",
     }
 }
 

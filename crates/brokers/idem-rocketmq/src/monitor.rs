@@ -77,4 +77,17 @@ impl RocketMqMonitor {
             })
             .sum())
     }
+
+    /// The topics the name servers know.
+    ///
+    /// # Cancel safety
+    ///
+    /// A read: dropping it loses nothing.
+    pub async fn topics(&self) -> Result<Vec<String>, SourceError> {
+        let admin = self.admin.lock().await;
+        let list = Box::pin(admin.fetch_all_topic_list())
+            .await
+            .map_err(|e| SourceError::new("listing the topics", e))?;
+        Ok(list.topic_list.iter().map(ToString::to_string).collect())
+    }
 }

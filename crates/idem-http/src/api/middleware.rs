@@ -48,13 +48,11 @@ pub(super) async fn authorize(
 
 /// Counts requests and times them by route.
 pub(super) async fn observe(req: Request, next: Next) -> Response {
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("unmatched", |p| p.as_str())
-        .to_owned();
+    // `MatchedPath` holds an `Arc<str>`: a clone is a count, not a copy.
+    let route = req.extensions().get::<MatchedPath>().cloned();
     let start = Instant::now();
     let response = next.run(req).await;
+    let route = route.as_ref().map_or("unmatched", |p| p.as_str());
     telemetry::request(route, response.status(), start.elapsed());
     response
 }

@@ -33,7 +33,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 pub use self::auth::{Auth, Grant, Namespaces};
 pub use self::detached::Detached;
 pub use self::doc::ApiDoc;
-pub use self::problem::Problem;
+pub use self::problem::{Problem, new_request_id};
 pub use self::router::router;
 
 /// How the service behaves, beside the store's own limits.
@@ -48,6 +48,10 @@ pub struct ApiConfig {
     /// How long a client may take to send a body once its headers are in;
     /// a slower one gets 408 and its connection is closed.
     pub body_timeout: Duration,
+    /// Serve `/metrics` to anyone even with auth on. Off by default: then
+    /// it takes a token that may use every namespace (`*`), since its
+    /// labels name every tenant's namespaces.
+    pub public_metrics: bool,
 }
 
 impl Default for ApiConfig {
@@ -56,6 +60,7 @@ impl Default for ApiConfig {
             default_lease: Duration::from_secs(30),
             default_retention: Duration::from_secs(24 * 3600),
             max_body_bytes: 16 * 1024 * 1024,
+            public_metrics: false,
             body_timeout: Duration::from_secs(30),
         }
     }

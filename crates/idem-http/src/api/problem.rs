@@ -23,6 +23,11 @@ pub struct Problem {
     pub status: u16,
     /// What went wrong this time, and what to change.
     pub detail: String,
+    /// Names this failure in the server's log, which has its cause (the
+    /// cause itself stays out of the answer). Only on failures whose cause
+    /// is logged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
     #[serde(skip)]
     #[schema(ignore)]
     retry_after: Option<Duration>,
@@ -44,6 +49,7 @@ impl Problem {
             title,
             status: status.as_u16(),
             detail: detail.into(),
+            request_id: None,
             retry_after: None,
             www_authenticate: false,
         }
@@ -190,11 +196,37 @@ impl Problem {
 }
 
 impl Problem {
+    /// Carries `id` (from [`new_request_id`]) as `request_id`, the name
+    /// under which the cause was logged.
+    pub fn request_id(mut self, id: String) -> Self {
+        self.request_id = Some(id);
+        self
+    }
+
     /// Adds a `Retry-After` header (whole seconds, at least 1).
     pub fn retry_after(mut self, after: Duration) -> Self {
         self.retry_after = Some(after);
         self
     }
+}
+
+/// A new id for a failure whose cause goes to the log and not to the
+/// client: the process's start (seconds since the epoch, hex) and a count,
+/// e.g. `6757a1c2-17`. Unique within a process, and across restarts a
+/// second apart.
+pub fn new_request_id() -> String {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    static STARTED: OnceLock<u64> = OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let started = *STARTED.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    });
+    let n = COUNT.fetch_add(1, Ordering::Relaxed) + 1;
+    format!("{started:x}-{n}")
 }
 
 impl IntoResponse for Problem {

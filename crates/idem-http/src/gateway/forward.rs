@@ -12,7 +12,7 @@ use idem_core::{BoxError, Codec};
 use tower::{Service, ServiceExt};
 
 use super::stored::{Malformed, ResponseCodec, StoredResponse};
-use super::{GatewayBody, IDEMPOTENT_REPLAYED, ReleasePolicy};
+use super::{GatewayBody, IDEMPOTENT_REPLAYED, ReleasePolicy, UpstreamDeadline};
 
 /// What a guarded call produced: what a replay gets, and — when the body
 /// was too large to store — the whole body for the first caller.
@@ -30,6 +30,8 @@ pub(super) enum Forward<E> {
     Inner(E),
     /// The upstream's body failed mid-way: 502.
     Body(BoxError),
+    /// The call took longer than the gateway's `upstream_timeout`: 504.
+    TimedOut(std::time::Duration),
 }
 
 impl Codec<Forwarded> for ResponseCodec {
@@ -99,6 +101,20 @@ where
         ),
         streamed: None,
     })
+}
+
+/// `call`, dropped (the upstream connection with it) at `deadline`, when
+/// there is one: [`Forward::TimedOut`] with its `limit`.
+pub(super) async fn call_within<E>(
+    deadline: Option<UpstreamDeadline>,
+    call: impl Future<Output = Result<Forwarded, Forward<E>>>,
+) -> Result<Forwarded, Forward<E>> {
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d.at, call)
+            .await
+            .unwrap_or(Err(Forward::TimedOut(d.limit))),
+        None => call.await,
+    }
 }
 
 /// The response for a stored answer: to the first caller, or replayed.

@@ -13,8 +13,11 @@
 //!   client that times out or disconnects never cancels it, its answer is
 //!   stored, and the retry gets it replayed.
 //! - Statuses in [`GatewayConfig::release`] (408, 425, 429 and 5xx by
-//!   default), an unreachable upstream, or a body that fails mid-way release
-//!   the key, so the client may retry; every other status is stored.
+//!   default), an unreachable upstream, a body that fails mid-way, or a
+//!   call longer than [`GatewayConfig::upstream_timeout`] (504) release the
+//!   key, so the client may retry; every other status is stored. The cause
+//!   of a 502 or 504 goes to the log under the `request_id` its answer
+//!   carries, never into the answer.
 //! - Repeat after completion: the stored response, with
 //!   `Idempotent-Replayed: true`.
 //! - Repeat while the first is running: 409 with `Retry-After`.
@@ -108,6 +111,29 @@ impl fmt::Debug for GatewayBody {
     }
 }
 
+/// When the gateway stops waiting for the call it forwards: put in the
+/// request's extensions when [`GatewayConfig::upstream_timeout`] is set, so
+/// the inner service can give up at the same moment and say why in its own
+/// terms (`idem proxy` answers 504 and counts the timeout). Past it the
+/// gateway drops the call and answers 504 `upstream-timeout` itself.
+#[derive(Clone, Copy, Debug)]
+pub struct UpstreamDeadline {
+    /// The moment.
+    pub at: tokio::time::Instant,
+    /// The timeout it was set from.
+    pub limit: Duration,
+}
+
+impl UpstreamDeadline {
+    /// `limit` from now, if there is a limit.
+    fn from_now(limit: Option<Duration>) -> Option<Self> {
+        limit.map(|limit| Self {
+            at: tokio::time::Instant::now() + limit,
+            limit,
+        })
+    }
+}
+
 /// The header clients send their key in.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 /// Set on replayed responses.
@@ -148,6 +174,16 @@ pub struct GatewayConfig {
     pub release: ReleasePolicy,
     /// Run requests unguarded when the store is down (default: answer 503).
     pub fail_open: bool,
+    /// The longest a forwarded call may take: to the end of the response
+    /// body a guarded call stores, to the response's head for one that is
+    /// not guarded (default `None`: no limit). Past it the call is dropped
+    /// and the client gets 504 `upstream-timeout`; a guarded call's key is
+    /// released: the upstream may have acted, and a retry with the same key
+    /// runs the request again, as after a 5xx. Without a limit, a call that
+    /// never ends holds its key (its lease is renewed) and every retry gets
+    /// 409 until the process stops. The inner service finds the deadline in
+    /// the request's extensions ([`UpstreamDeadline`]).
+    pub upstream_timeout: Option<Duration>,
 }
 
 impl Default for GatewayConfig {
@@ -165,6 +201,7 @@ impl Default for GatewayConfig {
             max_response_bytes: 1024 * 1024,
             release: ReleasePolicy::default(),
             fail_open: false,
+            upstream_timeout: None,
         }
     }
 }
@@ -183,6 +220,7 @@ impl fmt::Debug for GatewayConfig {
             .field("max_response_bytes", &self.max_response_bytes)
             .field("release", &self.release)
             .field("fail_open", &self.fail_open)
+            .field("upstream_timeout", &self.upstream_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -291,6 +329,32 @@ fn fingerprint(parts: &http::request::Parts, body: &[u8]) -> Fingerprint {
     Fingerprint::from_bytes(digest[..16].try_into().expect("16 bytes"))
 }
 
+/// 504: the upstream did not answer within `limit`; logged with `key`, if
+/// the call was guarded.
+fn timed_out(limit: Duration, key: Option<&Key>) -> Response<GatewayBody> {
+    let id = crate::api::new_request_id();
+    let limit_ms = limit.as_millis() as u64;
+    tracing::warn!(request_id = %id, key = key.map(tracing::field::display), limit_ms, "the upstream did not answer in time");
+    let released = match key {
+        Some(_) => {
+            "the key was released, so a retry with the same Idempotency-Key runs the request \
+             again (the upstream may have acted on this one)"
+        }
+        None => "the request was not guarded",
+    };
+    problem(
+        Problem::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "upstream-timeout",
+            "Upstream timeout",
+            format!(
+                "the upstream did not answer within {limit_ms} ms; {released} (request id {id})"
+            ),
+        )
+        .request_id(id),
+    )
+}
+
 fn not_replayable(status: StatusCode, limit: usize) -> Response<GatewayBody> {
     problem(Problem::new(
         StatusCode::CONFLICT,
@@ -341,13 +405,25 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
 {
-    async fn pass<ReqB>(inner: I, req: Request<ReqB>) -> Result<Response<GatewayBody>, I::Error>
+    /// Forwards a request that is not guarded, within the upstream timeout.
+    async fn pass<ReqB>(
+        inner: I,
+        config: &GatewayConfig,
+        req: Request<ReqB>,
+    ) -> Result<Response<GatewayBody>, I::Error>
     where
         ReqB: Body<Data = Bytes> + Send + 'static,
         ReqB::Error: Into<BoxError>,
     {
-        let req = req.map(GatewayBody::new);
-        inner.oneshot(req).await.map(|r| r.map(GatewayBody::new))
+        let mut req = req.map(GatewayBody::new);
+        let Some(deadline) = UpstreamDeadline::from_now(config.upstream_timeout) else {
+            return inner.oneshot(req).await.map(|r| r.map(GatewayBody::new));
+        };
+        req.extensions_mut().insert(deadline);
+        match tokio::time::timeout_at(deadline.at, inner.oneshot(req)).await {
+            Ok(answer) => answer.map(|r| r.map(GatewayBody::new)),
+            Err(_) => Ok(timed_out(deadline.limit, None)),
+        }
     }
 
     async fn handle<ReqB>(self, req: Request<ReqB>) -> Result<Response<GatewayBody>, I::Error>
@@ -357,7 +433,7 @@ where
     {
         let config = self.config.clone();
         if !config.methods.contains(req.method()) {
-            return Self::pass(self.inner, req).await;
+            return Self::pass(self.inner, &config, req).await;
         }
         let raw_key = match req.headers().get(IDEMPOTENCY_KEY) {
             Some(raw) => match parse_key(raw, config.max_key_bytes) {
@@ -376,7 +452,7 @@ where
                 )));
             }
             None if config.keyless_window.is_none() => {
-                return Self::pass(self.inner, req).await;
+                return Self::pass(self.inner, &config, req).await;
             }
             None => None,
         };
@@ -385,7 +461,7 @@ where
         if raw_key.is_none() && identity.is_none() {
             // Without an identity, identical requests of two clients would
             // be merged: keyless requests of unknown clients are not guarded.
-            return Self::pass(self.inner, Request::from_parts(parts, body)).await;
+            return Self::pass(self.inner, &config, Request::from_parts(parts, body)).await;
         }
         let body = match Limited::new(body, config.max_request_bytes).collect().await {
             Ok(collected) => collected.to_bytes(),
@@ -456,7 +532,15 @@ where
                 Some(fp),
                 |_claim| {
                     ran = true;
-                    forward::call(inner, request, &config.release, limit)
+                    let mut request = request;
+                    let deadline = UpstreamDeadline::from_now(config.upstream_timeout);
+                    if let Some(d) = deadline {
+                        request.extensions_mut().insert(d);
+                    }
+                    forward::call_within(
+                        deadline,
+                        forward::call(inner, request, &config.release, limit),
+                    )
                 },
                 |_| async {},
             )
@@ -481,12 +565,23 @@ where
             )),
             Err(GuardError::Handler(Forward::Released(response))) => response,
             Err(GuardError::Handler(Forward::Inner(e))) => return Err(e),
-            Err(GuardError::Handler(Forward::Body(e))) => problem(Problem::new(
-                StatusCode::BAD_GATEWAY,
-                "upstream-failed",
-                "Upstream failed",
-                format!("reading the upstream response failed: {e}"),
-            )),
+            Err(GuardError::Handler(Forward::Body(e))) => {
+                let id = crate::api::new_request_id();
+                tracing::warn!(request_id = %id, key = %key, error = %e, "the upstream's response broke off");
+                problem(
+                    Problem::new(
+                        StatusCode::BAD_GATEWAY,
+                        "upstream-failed",
+                        "Upstream failed",
+                        format!(
+                            "the upstream's response broke off mid-way; the key was released, so a retry with the same \
+                             Idempotency-Key runs the request again (request id {id}: the gateway's log has the cause)"
+                        ),
+                    )
+                    .request_id(id),
+                )
+            }
+            Err(GuardError::Handler(Forward::TimedOut(limit))) => timed_out(limit, Some(&key)),
             Err(GuardError::LeaseLost { outcome }) => {
                 match Codec::<Forwarded>::decode(&codec, Some(&outcome)) {
                     Ok(f) if f.stored.body_omitted => not_replayable(f.stored.status, limit),

@@ -1,5 +1,6 @@
 //! The handler `idem consume` runs: a POST to the user's HTTP endpoint.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -14,7 +15,8 @@ use idem_core::ClaimHandle;
 use idem_http::gateway::ReleasePolicy;
 use serde_json::json;
 
-use crate::error_chain;
+use super::batch::Batcher;
+use crate::run::error_chain;
 
 /// POSTs each message to `to` and reads the answer (docs/contract.md §7:
 /// the handler gets the key and the fencing token, so it can refuse a
@@ -32,15 +34,29 @@ use crate::error_chain;
 ///   within the timeout, a refused connection: a transient failure, retried
 ///   with backoff, no sooner than `Retry-After` (seconds or an HTTP date,
 ///   capped).
+///
+/// With `--batch` ([`super::batch`]) several messages go in one request and
+/// each is settled by its own item of the answer, by the same rules.
 pub struct HttpHandler {
+    endpoint: Arc<Endpoint>,
+    /// With `--batch`: gathers the calls into batches.
+    batcher: Option<Batcher>,
+}
+
+/// The handler's endpoint and how its answers are read; shared by single
+/// calls and batches.
+pub struct Endpoint {
     client: Client<HttpConnector, Full<Bytes>>,
-    to: Uri,
+    pub(super) to: Uri,
+    /// `to` with its credentials hidden (`?token=***`), for what failures
+    /// say: a log line, a dead letter's `idem-last-error`.
+    pub(super) shown_to: String,
     /// How long the answer's head may take, and then its body.
     timeout: Duration,
     /// Largest answer body kept in the outcome; a larger one is recorded
     /// by its size only.
-    max_body: usize,
-    statuses: Statuses,
+    pub(super) max_body: usize,
+    pub(super) statuses: Statuses,
     /// The longest `Retry-After` honoured.
     max_retry_after: Duration,
 }
@@ -72,7 +88,7 @@ impl Default for Statuses {
 
 /// What a handler's status calls for.
 #[derive(Debug, PartialEq, Eq)]
-enum Verdict {
+pub(super) enum Verdict {
     Done,
     Pause,
     DeadLetter,
@@ -80,7 +96,7 @@ enum Verdict {
 }
 
 impl Statuses {
-    fn verdict(&self, status: StatusCode) -> Verdict {
+    pub(super) fn verdict(&self, status: StatusCode) -> Verdict {
         // `ReleasePolicy::releases` reads as "is in the list" here.
         if status.is_success() {
             Verdict::Done
@@ -94,7 +110,23 @@ impl Statuses {
     }
 }
 
+/// With `--batch`: how many messages go in one request, and how long the
+/// first waits for the others.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchSettings {
+    pub size: usize,
+    pub linger: Duration,
+}
+
 impl HttpHandler {
+    pub fn new(endpoint: Endpoint, batch: Option<BatchSettings>) -> Self {
+        let endpoint = Arc::new(endpoint);
+        let batcher = batch.map(|b| Batcher::start(endpoint.clone(), b.size, b.linger));
+        Self { endpoint, batcher }
+    }
+}
+
+impl Endpoint {
     pub fn new(
         to: Uri,
         timeout: Duration,
@@ -108,6 +140,7 @@ impl HttpHandler {
             client: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(30))
                 .build(connector),
+            shown_to: idem_core::text::redacted_url(&to.to_string()),
             to,
             timeout,
             max_body,
@@ -153,81 +186,125 @@ impl HttpHandler {
             .expect("the parts are valid")
     }
 
-    /// The answer's body, within the size limit and a timeout of its own:
-    /// `Err` says why it is missing.
-    async fn body(&self, body: hyper::body::Incoming) -> Result<Bytes, String> {
-        match tokio::time::timeout(self.timeout, Limited::new(body, self.max_body).collect()).await
+    /// Sends `request`: the answer's head within the timeout, then its
+    /// body within `limit` bytes and a timeout of its own (`Err` in the
+    /// body says why it is missing); `Err` when no head came.
+    pub(super) async fn exchange(
+        &self,
+        request: Request<Full<Bytes>>,
+        limit: usize,
+    ) -> Result<(http::response::Parts, Result<Bytes, String>), String> {
+        let response = match tokio::time::timeout(self.timeout, self.client.request(request)).await
         {
-            Err(_) => Err(format!(
-                "the body did not arrive within {} ms",
-                self.timeout.as_millis()
-            )),
-            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-                Err("larger than the outcome limit".to_owned())
+            Err(_) => {
+                return Err(format!(
+                    "{} did not answer within {} ms",
+                    self.shown_to,
+                    self.timeout.as_millis()
+                ));
             }
-            Ok(Err(e)) => Err(format!("the body broke off: {}", error_chain(e.as_ref()))),
-            Ok(Ok(b)) => Ok(b.to_bytes()),
+            Ok(Err(e)) => {
+                return Err(format!(
+                    "cannot reach {}: {}",
+                    self.shown_to,
+                    error_chain(&e)
+                ));
+            }
+            Ok(Ok(response)) => response,
+        };
+        let (parts, body) = response.into_parts();
+        let body =
+            match tokio::time::timeout(self.timeout, Limited::new(body, limit).collect()).await {
+                Err(_) => Err(format!(
+                    "the body did not arrive within {} ms",
+                    self.timeout.as_millis()
+                )),
+                Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+                    Err("larger than the outcome limit".to_owned())
+                }
+                Ok(Err(e)) => Err(format!("the body broke off: {}", error_chain(e.as_ref()))),
+                Ok(Ok(b)) => Ok(b.to_bytes()),
+            };
+        Ok((parts, body))
+    }
+
+    /// The failure a status that is not a success calls for, waiting no
+    /// less than `after` (capped) before a retry.
+    pub(super) fn failure(
+        &self,
+        verdict: Verdict,
+        why: String,
+        after: Option<Duration>,
+    ) -> HandlerError {
+        match verdict {
+            Verdict::Pause => HandlerError::pause(why),
+            Verdict::DeadLetter => HandlerError::permanent(why),
+            Verdict::Retry | Verdict::Done => {
+                let mut e = HandlerError::transient(why);
+                if let Some(after) = after {
+                    e = e.retry_after(after.min(self.max_retry_after));
+                }
+                e
+            }
         }
+    }
+
+    /// One message, one request.
+    async fn single(&self, message: Message, claim: ClaimHandle) -> Result<Bytes, HandlerError> {
+        let request = self.request(&message, &claim);
+        // The timeout covers the head: once a 2xx head is here, the effect
+        // has happened, whatever becomes of the body.
+        let (parts, body) = self
+            .exchange(request, self.max_body)
+            .await
+            .map_err(HandlerError::transient)?;
+        let status = parts.status;
+        let verdict = self.statuses.verdict(status);
+        if verdict == Verdict::Done {
+            if let Err(why) = &body
+                && why.starts_with("the body")
+            {
+                tracing::warn!(to = %self.shown_to, status = status.as_u16(), reason = %why, "the handler succeeded; its answer's body is stored as omitted");
+            }
+            return Ok(outcome(status, &parts.headers, body));
+        }
+        let why = format!(
+            "{} answered {status}: {}",
+            self.shown_to,
+            failure_text(body)
+        );
+        let after = retry_after(&parts.headers, SystemTime::now());
+        Err(self.failure(verdict, why, after))
     }
 }
 
 impl Handler for HttpHandler {
     async fn handle(&self, message: Message, claim: ClaimHandle) -> Result<Bytes, HandlerError> {
-        let request = self.request(&message, &claim);
-        // The timeout covers the head: once a 2xx head is here, the effect
-        // has happened, whatever becomes of the body.
-        let response = match tokio::time::timeout(self.timeout, self.client.request(request)).await
-        {
-            Err(_) => {
-                return Err(HandlerError::transient(format!(
-                    "{} did not answer within {} ms",
-                    self.to,
-                    self.timeout.as_millis()
-                )));
+        match &self.batcher {
+            Some(batcher) => {
+                let token = claim.token().map(|t| t.get());
+                batcher.call(message, token).await
             }
-            Ok(Err(e)) => {
-                return Err(HandlerError::transient(format!(
-                    "cannot reach {}: {}",
-                    self.to,
-                    error_chain(&e)
-                )));
-            }
-            Ok(Ok(response)) => response,
-        };
-        let (parts, body) = response.into_parts();
-        let status = parts.status;
-        let verdict = self.statuses.verdict(status);
-        let body = self.body(body).await;
-        if verdict == Verdict::Done {
-            if let Err(why) = &body
-                && why.starts_with("the body")
-            {
-                tracing::warn!(to = %self.to, status = status.as_u16(), reason = %why, "the handler succeeded; its answer's body is stored as omitted");
-            }
-            return Ok(outcome(status, &parts.headers, body));
-        }
-        let text = body
-            .ok()
-            .map(|b| String::from_utf8_lossy(&b[..b.len().min(200)]).into_owned())
-            .unwrap_or_default();
-        let why = format!("{} answered {status}: {}", self.to, text.trim());
-        match verdict {
-            Verdict::Pause => Err(HandlerError::pause(why)),
-            Verdict::DeadLetter => Err(HandlerError::permanent(why)),
-            Verdict::Retry | Verdict::Done => {
-                let mut e = HandlerError::transient(why);
-                if let Some(after) = retry_after(&parts.headers, SystemTime::now()) {
-                    e = e.retry_after(after.min(self.max_retry_after));
-                }
-                Err(e)
-            }
+            None => self.endpoint.single(message, claim).await,
         }
     }
 }
 
+/// What a failed answer's body says, for the error: its first 200 bytes as
+/// text, trimmed (empty when it did not arrive).
+pub(super) fn failure_text(body: Result<Bytes, String>) -> String {
+    body.ok()
+        .map(|b| {
+            String::from_utf8_lossy(&b[..b.len().min(200)])
+                .trim()
+                .to_owned()
+        })
+        .unwrap_or_default()
+}
+
 /// `Retry-After` in seconds or as an HTTP date (a date in the past is no
 /// wait).
-fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+pub(super) fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let text = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
     if let Ok(seconds) = text.parse::<u64>() {
         return Some(Duration::from_secs(seconds));

@@ -1,5 +1,6 @@
 //! `idem consume`: the sidecar that feeds any HTTP handler effectively once.
 
+mod batch;
 mod http;
 pub(crate) mod sources;
 
@@ -9,15 +10,21 @@ use std::time::Duration;
 
 use ::http::{StatusCode, Uri};
 use clap::Args;
-use idem_consumer::{Backoff, KeyFrom, Readiness, Report, Runner, Source};
+use idem_consumer::{Backoff, BoxSource, KeyFrom, Readiness, Report, Runner, Source};
+use idem_core::text::redacted_url;
 use idem_core::{Guard, Lease, Namespace, SharedStore};
 use idem_http::gateway::ReleasePolicy;
 use tokio_util::sync::CancellationToken;
 
-use self::http::{DEFAULT_DEAD_LETTER_STATUS, DEFAULT_PAUSE_STATUS, HttpHandler, Statuses};
+use self::batch::{MAX_BATCH, MAX_BATCH_LINGER};
+use self::http::{
+    BatchSettings, DEFAULT_DEAD_LETTER_STATUS, DEFAULT_PAUSE_STATUS, Endpoint, HttpHandler,
+    Statuses,
+};
 use crate::config::{FileSettings, StoreArgs, StoreSettings, bad, read_file, resolve_store};
-use crate::status::{self, Consumer, Status, StoreWatch};
-use crate::{Failure, init_logging, shutdown_signal, store};
+use crate::run::{Failure, init_logging, shutdown_signal};
+use crate::status::{self, Access, Consumer, Status, StatusPage, StoreWatch};
+use crate::store;
 
 /// `idem consume`.
 #[derive(Args, Debug)]
@@ -45,9 +52,20 @@ pub struct ConsumeArgs {
     /// `json:/pointer` into the JSON body [default: message-id].
     #[arg(long, env = "IDEM_KEY", value_name = "SPEC")]
     pub key: Option<String>,
-    /// Most messages handled at once (and the broker's prefetch) [default: 16].
+    /// Most messages handled at once (and the broker's prefetch) [default:
+    /// 16; with --batch, twice the batch].
     #[arg(long, env = "IDEM_CONCURRENCY", value_name = "N")]
     pub concurrency: Option<usize>,
+    /// POST up to N messages in one request, as a JSON array, and settle
+    /// each by its own result in the answer (see below) [default: off,
+    /// one message per request; 1 to 1000].
+    #[arg(long, env = "IDEM_BATCH", value_name = "N")]
+    pub batch: Option<usize>,
+    /// With --batch, how long the first message of a batch waits for the
+    /// others, in ms (a fetched batch arrives at once) [default: 1; 0 to
+    /// 1000].
+    #[arg(long, env = "IDEM_BATCH_LINGER_MS", value_name = "MS")]
+    pub batch_linger_ms: Option<u64>,
     /// Handler attempts before a message is dead-lettered, counted across
     /// redeliveries and restarts [default: 16].
     #[arg(long, env = "IDEM_MAX_ATTEMPTS", value_name = "N")]
@@ -66,6 +84,12 @@ pub struct ConsumeArgs {
     /// stuck: `90s`, `10m`, `2h`.
     #[arg(long, value_name = "AGE", value_parser = crate::ops::parse_age, default_value = "1m")]
     pub stuck_after: Duration,
+    /// What the status page on --metrics-listen shows: `on` (no message
+    /// keys; the handler's and the store's URLs without their credentials),
+    /// `public` (the keys of stuck messages too) or `off` (no page)
+    /// [default: on].
+    #[arg(long, value_enum, env = "IDEM_STATUS_PAGE", value_name = "MODE")]
+    pub status_page: Option<StatusPage>,
     /// How long the handler may take to answer, in ms; no answer counts as
     /// a transient failure [default: 30000].
     #[arg(long, env = "IDEM_TIMEOUT_MS", value_name = "MS")]
@@ -126,6 +150,16 @@ most --retry-max-ms). A duplicate of a completed message is acked without callin
 dead-lettered message keeps its body and headers and gets idem-key, idem-attempts and \
 idem-last-error.
 
+With --batch N, up to N claimed messages go in one POST with Idem-Batch: COUNT and a JSON array \
+body, one object per message: {\"key\", \"token\" (the fencing token), \"attempt\", \"content_type\", \
+\"headers\": {NAME: VALUE}, \"body\"} (the body as JSON when the content type says JSON, else as \
+text, or \"body_base64\" when it is not UTF-8). The handler answers 2xx with \
+{\"results\": [{\"key\", \"status\", \"outcome\", \"retry_after_ms\", \"error\"}]}: each message is \
+settled by its own status, as a single message would be, and its outcome stored. A message the \
+answer leaves out, names twice or gives no valid status is retried, never taken as done; an \
+answer that is not such an object, or a non-2xx status for the whole request, applies to every \
+message of the batch. Each message's lease is renewed while its batch is out.
+
 SIGTERM or Ctrl-C: stop fetching, let handlers in flight finish (--shutdown-grace-ms), ack what \
 finished, release and hand back the rest, exit 0. After a kill -9 nothing is lost; a message \
 whose handler answered 2xx just before the kill may reach it once more: that is why it gets the \
@@ -144,10 +178,12 @@ struct Settings {
     namespace: Option<Namespace>,
     key: KeyFrom,
     concurrency: usize,
+    batch: Option<BatchSettings>,
     max_attempts: u32,
     dead_letter: Option<String>,
     metrics_listen: Option<SocketAddr>,
     stuck_after: Duration,
+    status_page: StatusPage,
     timeout: Duration,
     grace: Duration,
     completion_linger: Duration,
@@ -174,7 +210,10 @@ fn resolve(args: ConsumeArgs, file: &FileSettings) -> Result<Settings, crate::co
         .ok_or_else(|| {
             bad(
                 "to",
-                format!("{to_text:?} is not an http:// URL with a host, e.g. http://127.0.0.1:8080/handle"),
+                format!(
+                    "{:?} is not an http:// URL with a host, e.g. http://127.0.0.1:8080/handle",
+                    redacted_url(&to_text)
+                ),
             )
         })?;
     let namespace = args
@@ -186,9 +225,55 @@ fn resolve(args: ConsumeArgs, file: &FileSettings) -> Result<Settings, crate::co
         Some(spec) => spec.parse().map_err(|e: String| bad("key", e))?,
         None => KeyFrom::MessageId,
     };
-    let concurrency = args.concurrency.or(file.concurrency).unwrap_or(16);
+    let batch = match args.batch.or(file.batch) {
+        None => None,
+        Some(size) if size == 0 || size > MAX_BATCH => {
+            return Err(bad(
+                "batch",
+                format!("{size} is out of range: give 1 to {MAX_BATCH} messages per request"),
+            ));
+        }
+        Some(size) => {
+            let linger =
+                Duration::from_millis(args.batch_linger_ms.or(file.batch_linger_ms).unwrap_or(1));
+            if linger > MAX_BATCH_LINGER {
+                return Err(bad(
+                    "batch_linger_ms",
+                    format!(
+                        "{} ms is longer than the limit of {} ms: the first message of a \
+                         batch waits this long for the others; give 0 to 1000",
+                        linger.as_millis(),
+                        MAX_BATCH_LINGER.as_millis()
+                    ),
+                ));
+            }
+            Some(BatchSettings { size, linger })
+        }
+    };
+    if batch.is_none() && (args.batch_linger_ms.or(file.batch_linger_ms)).is_some() {
+        return Err(bad(
+            "batch_linger_ms",
+            "applies to batches only: give --batch N too",
+        ));
+    }
+    let concurrency = args
+        .concurrency
+        .or(file.concurrency)
+        .unwrap_or_else(|| batch.map_or(16, |b| (b.size * 2).max(16)));
     if concurrency == 0 || concurrency > 10_000 {
         return Err(bad("concurrency", "must be from 1 to 10000"));
+    }
+    if let Some(b) = batch
+        && concurrency < b.size
+    {
+        return Err(bad(
+            "concurrency",
+            format!(
+                "{concurrency} is less than --batch {}: a batch holds at most the messages \
+                 handled at once; raise --concurrency or lower --batch",
+                b.size
+            ),
+        ));
     }
     let max_attempts = args.max_attempts.or(file.max_attempts).unwrap_or(16);
     if max_attempts == 0 {
@@ -289,10 +374,12 @@ fn resolve(args: ConsumeArgs, file: &FileSettings) -> Result<Settings, crate::co
         namespace,
         key,
         concurrency,
+        batch,
         max_attempts,
         dead_letter: args.dead_letter.or(file.dead_letter.clone()),
         metrics_listen,
         stuck_after: args.stuck_after,
+        status_page: args.status_page.unwrap_or(StatusPage::On),
         timeout,
         grace,
         completion_linger,
@@ -318,7 +405,7 @@ pub async fn run(args: ConsumeArgs) -> Result<(), Failure> {
     let file = read_file(args.store.config.as_deref())?;
     let settings = resolve(args, &file)?;
     init_logging(&settings.store.log)?;
-    let (metrics, watched) = crate::prometheus()?;
+    let (metrics, watched) = crate::run::prometheus()?;
     let store = store::open(&settings.store).await?;
     let shutdown = CancellationToken::new();
     {
@@ -336,15 +423,16 @@ pub async fn run(args: ConsumeArgs) -> Result<(), Failure> {
             store.store.clone(),
             store.admin.clone(),
             store.description.clone(),
-            true,
+            settings.status_page == StatusPage::Public,
             settings.stuck_after,
         );
         let consumer = Consumer {
-            to: settings.to.to_string(),
+            to: redacted_url(&settings.to.to_string()),
             source: source_name.clone(),
             readiness: readiness.clone(),
         };
-        let page = Status::start("idem consume", watched, watch, Some(consumer));
+        let page = (settings.status_page != StatusPage::Off)
+            .then(|| Status::start("idem consume", Access::Open, watched, watch, Some(consumer)));
         serve_metrics(addr, metrics, readiness.clone(), page, shutdown.clone()).await?;
     }
     let job = Job {
@@ -352,15 +440,18 @@ pub async fn run(args: ConsumeArgs) -> Result<(), Failure> {
             .lease(Lease::new(settings.store.default_lease))
             .retention(settings.store.default_retention),
         handler: HttpHandler::new(
-            settings.to.clone(),
-            settings.timeout,
-            settings.store.limits.max_outcome_bytes.saturating_sub(64),
-            settings.statuses,
-            settings.backoff.max,
+            Endpoint::new(
+                settings.to.clone(),
+                settings.timeout,
+                settings.store.limits.max_outcome_bytes.saturating_sub(64),
+                settings.statuses,
+                settings.backoff.max,
+            ),
+            settings.batch,
         ),
         readiness,
         source_name,
-        to: settings.to.to_string(),
+        to: redacted_url(&settings.to.to_string()),
         namespace: settings.namespace,
         key: settings.key,
         concurrency: settings.concurrency,
@@ -385,6 +476,7 @@ pub async fn run(args: ConsumeArgs) -> Result<(), Failure> {
 pub struct Job {
     guard: Guard<SharedStore>,
     handler: HttpHandler,
+    /// The handler's URL, its credentials hidden.
     to: String,
     store: String,
     namespace: Option<Namespace>,
@@ -410,8 +502,9 @@ pub struct Job {
 }
 
 impl Job {
-    /// Runs the runner on `source` until shutdown.
-    pub async fn run<S: Source>(self, source: S) -> Result<Report, Failure> {
+    /// Runs the runner on `source` until shutdown. The runner is compiled
+    /// once, for a boxed source, rather than once per broker.
+    pub async fn run(self, source: BoxSource) -> Result<Report, Failure> {
         let name = source.name().to_owned();
         let mut runner = Runner::new(self.guard, source, self.handler)
             .key(self.key)
@@ -441,10 +534,12 @@ async fn serve_metrics(
     addr: SocketAddr,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     readiness: Arc<OnceLock<Readiness>>,
-    page: Arc<Status>,
+    page: Option<Arc<Status>>,
     shutdown: CancellationToken,
 ) -> Result<(), Failure> {
-    let app = status::router(page)
+    let app = page
+        .map(status::router)
+        .unwrap_or_default()
         .route(
             "/metrics",
             axum::routing::get(move || std::future::ready(metrics.render())),
@@ -464,5 +559,5 @@ async fn serve_metrics(
                 std::future::ready(answer)
             }),
         );
-    crate::listen_beside(addr, app, shutdown).await
+    crate::run::listen_beside(addr, app, shutdown).await
 }

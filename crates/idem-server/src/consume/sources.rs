@@ -1,15 +1,21 @@
 //! The broker behind `--from`, chosen by the URL's scheme.
 
-use idem_consumer::Report;
+use idem_consumer::{BoxSource, Report};
 
 use super::Job;
-use crate::Failure;
 use crate::config::{ConfigError, bad};
+use crate::run::Failure;
 
 /// Checks that this build reads `from`'s scheme, before anything opens.
 pub fn check(from: &str) -> Result<(), ConfigError> {
     let Some((scheme, _)) = from.split_once("://") else {
-        return Err(bad("from", format!("{from:?} is not a URL; {FORMS}")));
+        return Err(bad(
+            "from",
+            format!(
+                "{:?} is not a URL; {FORMS}",
+                idem_core::text::redacted_url(from)
+            ),
+        ));
     };
     let known: &[&str] = &[
         #[cfg(feature = "amqp")]
@@ -101,7 +107,7 @@ async fn amqp(from: &str, job: Job) -> Result<Report, Failure> {
     let source = idem_amqp::AmqpSource::connect(config)
         .await
         .map_err(|e| Failure::Run(e.to_string()))?;
-    let report = job.run(source.clone()).await;
+    let report = job.run(BoxSource::new(source.clone())).await;
     // Hands back what the broker sent ahead, without counting an attempt.
     source.close().await;
     report
@@ -122,7 +128,7 @@ async fn jetstream(from: &str, job: Job) -> Result<Report, Failure> {
     let source = JetStreamSource::connect(config)
         .await
         .map_err(|e| Failure::Run(e.to_string()))?;
-    job.run(source).await
+    job.run(BoxSource::new(source)).await
 }
 
 #[cfg(feature = "redis-streams")]
@@ -138,7 +144,7 @@ async fn redis_streams(from: &str, job: Job) -> Result<Report, Failure> {
     let source = RedisStreamSource::connect(config)
         .await
         .map_err(|e| Failure::Run(e.to_string()))?;
-    job.run(source).await
+    job.run(BoxSource::new(source)).await
 }
 
 #[cfg(feature = "kafka")]
@@ -160,7 +166,7 @@ async fn kafka(from: &str, mut job: Job) -> Result<Report, Failure> {
     let source = KafkaSource::connect(config)
         .await
         .map_err(|e| Failure::Run(e.to_string()))?;
-    let report = job.run(source.clone()).await;
+    let report = job.run(BoxSource::new(source.clone())).await;
     // Commits what finished and leaves the group.
     source.close().await;
     report
@@ -184,7 +190,7 @@ async fn rocketmq(from: &str, job: Job) -> Result<Report, Failure> {
     let source = RocketMqSource::connect(config)
         .await
         .map_err(|e| Failure::Run(e.to_string()))?;
-    let report = job.run(source.clone()).await;
+    let report = job.run(BoxSource::new(source.clone())).await;
     // Commits the offsets; what the runner never acked (handed back at
     // shutdown, or not yet fetched) goes to the next consumer uncounted.
     source.shutdown().await;

@@ -10,8 +10,8 @@ use idem_core::{Clock as _, Namespace, SystemClock};
 use serde_json::{Value, json};
 
 use super::{age, failed, namespace_of, open, spinner};
-use crate::Failure;
 use crate::config::{StoreArgs, bad};
+use crate::run::Failure;
 use crate::store::OpenStore;
 
 /// `idem stats`.
@@ -43,6 +43,9 @@ pub struct PurgeArgs {
     /// Confirm --all.
     #[arg(long)]
     pub yes: bool,
+    /// Count what would be removed, and remove nothing.
+    #[arg(long)]
+    pub dry_run: bool,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -72,24 +75,22 @@ pub async fn stats(args: StatsArgs) -> Result<(), Failure> {
 
 async fn stats_of(store: &OpenStore, only: Option<Namespace>, json: bool) -> Result<(), Failure> {
     let admin = admin_of(store)?;
-    let namespaces = match only {
-        Some(ns) => vec![ns],
-        None => admin
-            .namespaces()
-            .await
-            .map_err(|e| failed(store, "listing namespaces", e))?,
-    };
     let bar = spinner("counting records".into());
-    let mut rows = Vec::with_capacity(namespaces.len());
-    for ns in namespaces {
-        bar.set_message(format!("counting the records of {ns}"));
-        let stats = admin
-            .stats(&ns)
+    let rows = match only {
+        Some(ns) => {
+            bar.set_message(format!("counting the records of {ns}"));
+            let stats = admin
+                .stats(&ns)
+                .await
+                .map_err(|e| failed(store, &format!("counting the records of {ns}"), e))?;
+            vec![(ns, stats)]
+        }
+        // One pass over the store where it can make one.
+        None => admin
+            .stats_all()
             .await
-            .map_err(|e| failed(store, &format!("counting the records of {ns}"), e));
-        bar.inc(1);
-        rows.push((ns, stats?));
-    }
+            .map_err(|e| failed(store, "counting the records of every namespace", e))?,
+    };
     bar.finish_and_clear();
     let size = admin
         .size()
@@ -163,7 +164,7 @@ async fn stats_of(store: &OpenStore, only: Option<Namespace>, json: bool) -> Res
 /// Removes a namespace's expired records, or all of them.
 pub async fn purge(args: PurgeArgs) -> Result<(), Failure> {
     let ns = namespace_of(&args.namespace)?;
-    if args.all && !args.yes {
+    if args.all && !args.yes && !args.dry_run {
         return Err(bad(
             "yes",
             format!(
@@ -175,6 +176,39 @@ pub async fn purge(args: PurgeArgs) -> Result<(), Failure> {
     }
     let what = if args.all { Purge::All } else { Purge::Expired };
     let store = open(args.store).await?;
+    if args.dry_run {
+        let counted = match admin_of(&store) {
+            Ok(admin) => admin
+                .stats(&ns)
+                .await
+                .map_err(|e| failed(&store, &format!("counting the records of {ns}"), e)),
+            Err(e) => Err(e),
+        };
+        store.close().await;
+        let s = counted?;
+        let would = match what {
+            Purge::All => s.in_progress + s.abandoned + s.completed + s.expired,
+            Purge::Expired => s.expired,
+        };
+        if args.json {
+            println!(
+                "{}",
+                json!({"namespace": ns.as_str(), "dry_run": true, "would_remove": would,
+                       "in_progress": s.in_progress + s.abandoned})
+            );
+        } else {
+            println!(
+                "{ns}: would remove {} ({} in progress among them); nothing was removed",
+                records(would),
+                if what == Purge::All {
+                    s.in_progress + s.abandoned
+                } else {
+                    0
+                }
+            );
+        }
+        return Ok(());
+    }
     let result = purge_in(&store, &ns, what).await;
     store.close().await;
     let removed = result?;

@@ -20,9 +20,10 @@ use idem_core::{
 };
 use serde_json::{Value, json};
 
+pub(crate) use crate::config::parse_age;
 use crate::config::{StoreArgs, bad, read_file, resolve_store};
+use crate::run::{Failure, init_logging};
 use crate::store::{self, HotTier, OpenStore, StoreSpec};
-use crate::{Failure, init_logging};
 
 /// Bytes of an outcome shown unless `--full`.
 const SHOWN_OUTCOME_BYTES: usize = 200;
@@ -77,19 +78,51 @@ pub struct LsArgs {
 pub struct ReleaseArgs {
     /// The namespace.
     pub namespace: String,
-    /// The key, as the client gave it.
-    pub key: String,
+    /// The key, as the client gave it (not with --stuck).
+    #[arg(required_unless_present = "stuck", conflicts_with = "stuck")]
+    pub key: Option<String>,
     /// Take the claim from its holder even though its lease is live (the
     /// holder is known to be gone): its token goes stale, and the next
     /// delivery runs the work again.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "stuck")]
     pub force: bool,
-    /// Print JSON instead of text.
+    /// Release the namespace's claims in progress started longer ago than
+    /// --older-than, but only those whose lease has already run out (their
+    /// holder is gone; the key's attempt count starts over) and those
+    /// whose token --token names. Live claims not named are kept, and
+    /// printed with their tokens.
+    #[arg(long)]
+    pub stuck: bool,
+    /// With --stuck: only claims started longer ago than this: `90s`,
+    /// `10m`, `2h`, `1d` or milliseconds [default: 10m].
+    #[arg(long, value_name = "AGE", value_parser = parse_age, requires = "stuck")]
+    pub older_than: Option<Duration>,
+    /// With --stuck: also release the live claim holding this token (its
+    /// holder is known to be gone; `idem ls --state in-progress` shows
+    /// each claim's token). Repeat it for more claims.
+    #[arg(long = "token", value_name = "TOKEN", requires = "stuck")]
+    pub tokens: Vec<u64>,
+    /// With --stuck: confirm the release.
+    #[arg(long, requires = "stuck")]
+    pub yes: bool,
+    /// Say what would be released, and release nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print JSON instead of text (one line per claim with --stuck).
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
     pub store: StoreArgs,
 }
+
+/// `idem release --stuck`'s exit codes.
+pub const RELEASE_EXIT_CODES: &str = "Exit codes: 0 done; 1 failed (what was released before the \
+    failure is printed); 2 bad settings; with --stuck, 3 no claim in progress was old enough, 4 \
+    some were kept (each is printed with why).";
+
+/// How long `idem release --stuck` holds a lapsed claim it took over to
+/// release it; dropped between the two, the key waits this long.
+const TAKEOVER_LEASE: Duration = Duration::from_secs(30);
 
 /// A record state on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -98,37 +131,21 @@ pub enum StateArg {
     Completed,
 }
 
-/// Parses `90s`, `10m`, `2h`, `1d`, `250ms` or a bare number of
-/// milliseconds.
-pub(crate) fn parse_age(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{s:?} is not an age: give e.g. 90s, 10m, 2h, 1d or milliseconds"))?;
-    let unit_ms: u64 = match unit {
-        "" | "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        other => {
-            return Err(format!(
-                "{other:?} is not a unit of age: use ms, s, m, h or d"
-            ));
-        }
-    };
-    n.checked_mul(unit_ms)
-        .map(Duration::from_millis)
-        .ok_or_else(|| format!("{s:?} is too long an age"))
-}
-
 /// Opens the store `args` name, refusing the memory store (it lives inside
 /// one process: there is nothing to look at from outside).
 pub(crate) async fn open(args: StoreArgs) -> Result<OpenStore, Failure> {
     let file = read_file(args.config.as_deref())?;
-    let mut settings = resolve_store(args, &file)?;
+    open_with(args, &file).await.map(|(store, _)| store)
+}
+
+/// [`open`] with the settings file read already; also answers the record
+/// retention the settings give (`default_retention_ms`).
+pub(crate) async fn open_with(
+    args: StoreArgs,
+    file: &crate::config::FileSettings,
+) -> Result<(OpenStore, Duration), Failure> {
+    let mut settings = resolve_store(args, file)?;
+    let retention = settings.default_retention;
     init_logging(&settings.log)?;
     let spec = StoreSpec::parse(&settings)?;
     match &spec {
@@ -158,7 +175,7 @@ pub(crate) async fn open(args: StoreArgs) -> Result<OpenStore, Failure> {
         _ => {}
     }
     let file = matches!(spec, StoreSpec::File { .. });
-    store::open_spec(&spec, &settings)
+    let store = store::open_spec(&spec, &settings)
         .await
         .map_err(|e| match e {
             Failure::Run(why) if file => Failure::Run(format!(
@@ -167,7 +184,8 @@ pub(crate) async fn open(args: StoreArgs) -> Result<OpenStore, Failure> {
                  curl 'HOST:PORT/v1/NS/record?key=KEY'"
             )),
             other => other,
-        })
+        })?;
+    Ok((store, retention))
 }
 
 fn key_of(namespace: &str, key: &str) -> Result<Key, Failure> {
@@ -273,8 +291,11 @@ pub async fn ls(args: LsArgs) -> Result<(), Failure> {
 
 /// Takes a live claim away from its holder.
 pub async fn release(args: ReleaseArgs) -> Result<(), Failure> {
-    let key = key_of(&args.namespace, &args.key)?;
-    if !args.force {
+    if args.stuck {
+        return release_stuck(args).await;
+    }
+    let key = key_of(&args.namespace, args.key.as_deref().unwrap_or_default())?;
+    if !args.force && !args.dry_run {
         return Err(bad(
             "force",
             "idem release takes a live claim away from its holder, whose work may still be \
@@ -283,9 +304,24 @@ pub async fn release(args: ReleaseArgs) -> Result<(), Failure> {
         .into());
     }
     let store = open(args.store).await?;
-    let result = release_one(&store, &key).await;
+    let result = release_one(&store, &key, args.dry_run).await;
     store.close().await;
     let (token, attempts, held) = result?;
+    if args.dry_run {
+        if args.json {
+            println!(
+                "{}",
+                json!({"namespace": key.namespace().as_str(), "key": shown(key.bytes()), "status": "would_release",
+                       "token": token, "attempts": attempts, "held_ms": held.as_millis() as u64})
+            );
+        } else {
+            println!(
+                "{key}: would release token {token} (attempt {attempts}, held for {}); nothing was released",
+                age(held)
+            );
+        }
+        return Ok(());
+    }
     tracing::warn!(
         key = %key,
         overridden_token = token,
@@ -308,9 +344,13 @@ pub async fn release(args: ReleaseArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Releases `key`'s live claim; answers its token, attempts and how long
-/// it was held.
-async fn release_one(store: &OpenStore, key: &Key) -> Result<(u64, u32, Duration), Failure> {
+/// Releases `key`'s live claim (unless `dry_run`: then it only looks);
+/// answers its token, attempts and how long it was held.
+async fn release_one(
+    store: &OpenStore,
+    key: &Key,
+    dry_run: bool,
+) -> Result<(u64, u32, Duration), Failure> {
     let now = SystemClock.now();
     let claim = match store.store.get(key).await {
         Err(e) => return Err(failed(store, "reading the record", e)),
@@ -335,6 +375,13 @@ async fn release_one(store: &OpenStore, key: &Key) -> Result<(u64, u32, Duration
             age(now.since(claim.lease_expires_at))
         )));
     }
+    if dry_run {
+        return Ok((
+            claim.token.get(),
+            claim.attempts,
+            now.since(claim.started_at),
+        ));
+    }
     match store.store.release(key, claim.token).await {
         Ok(Fenced::Ok(())) => Ok((
             claim.token.get(),
@@ -346,6 +393,261 @@ async fn release_one(store: &OpenStore, key: &Key) -> Result<(u64, u32, Duration
              out): run idem inspect again"
         ))),
         Err(e) => Err(failed(store, "releasing the record", e)),
+    }
+}
+
+/// What `idem release --stuck` did with one claim.
+enum Stuck {
+    /// Released (or would be, in a dry run): its lease had run out, or
+    /// `--token` named it.
+    Released { named: bool },
+    /// Kept, and why.
+    Kept(String),
+}
+
+/// Releases a namespace's stuck claims: those started longer ago than
+/// `--older-than` whose lease has run out, and those `--token` names.
+///
+/// # Cancel safety
+///
+/// Each claim is released on its own. A lapsed claim is taken over (a
+/// `begin`, which only succeeds once the lease has ended) and released;
+/// stopped between the two, its key waits for [`TAKEOVER_LEASE`] and is
+/// then taken over by the next delivery as before.
+async fn release_stuck(args: ReleaseArgs) -> Result<(), Failure> {
+    let namespace = namespace_of(&args.namespace)?;
+    if !args.yes && !args.dry_run {
+        return Err(bad(
+            "yes",
+            "release --stuck releases every claim of the namespace whose lease has run out, and \
+             those --token names: pass --yes to confirm, or --dry-run to see which",
+        )
+        .into());
+    }
+    let older_than = args.older_than.unwrap_or(Duration::from_secs(600));
+    let store = open(args.store).await?;
+    let result = release_stuck_in(
+        &store,
+        &namespace,
+        older_than,
+        &args.tokens,
+        args.dry_run,
+        args.json,
+    )
+    .await;
+    let in_memory = if store.file.is_some() {
+        " (the file store keeps claims in progress in the memory of the idem serve that holds \
+         it: release them through its API)"
+    } else {
+        ""
+    };
+    store.close().await;
+    let (matched, released, kept) = result?;
+    let unmatched: Vec<String> = args
+        .tokens
+        .iter()
+        .filter(|t| !matched.contains(t))
+        .map(u64::to_string)
+        .collect();
+    let found = released + kept;
+    let done = if args.dry_run {
+        "would release"
+    } else {
+        "released"
+    };
+    let summary = format!(
+        "{namespace}: {done} {released} of {found} claims in progress started more than {} ago",
+        age(older_than)
+    );
+    if !unmatched.is_empty() {
+        return Err(Failure::Exit(
+            4,
+            format!(
+                "{summary}; no such claim holds token {}: it completed, ended or was taken over \
+                 meanwhile, or is younger than --older-than (idem ls --state in-progress shows \
+                 each claim's token)",
+                unmatched.join(", ")
+            ),
+        ));
+    }
+    if found == 0 {
+        return Err(Failure::Exit(
+            3,
+            format!(
+                "{namespace}: no claim in progress started more than {} ago{in_memory}",
+                age(older_than)
+            ),
+        ));
+    }
+    if kept > 0 {
+        return Err(Failure::Exit(
+            4,
+            format!("{summary}; {kept} kept (each printed above with why)"),
+        ));
+    }
+    if !args.json {
+        println!("{summary}");
+    }
+    Ok(())
+}
+
+/// [`release_stuck`] on an open store: answers the named tokens found,
+/// and how many claims were released and kept.
+async fn release_stuck_in(
+    store: &OpenStore,
+    namespace: &Namespace,
+    older_than: Duration,
+    tokens: &[u64],
+    dry_run: bool,
+    json: bool,
+) -> Result<(Vec<u64>, usize, usize), Failure> {
+    let now = SystemClock.now();
+    let mut query = ScanQuery::new(namespace.clone())
+        .state(RecordState::InProgress)
+        .older_than(Timestamp::from_millis(
+            now.as_millis()
+                .saturating_sub(older_than.as_millis() as u64),
+        ))
+        .limit(PAGE);
+    let (mut matched, mut released, mut kept) = (Vec::new(), 0, 0);
+    loop {
+        let page = store
+            .store
+            .scan(&query)
+            .await
+            .map_err(|e| failed(store, "listing claims in progress", e))?;
+        if let Some(last) = page.last() {
+            query.after = Some(last.key.bytes().clone());
+        }
+        for entry in &page {
+            let Record::InProgress(claim) = &entry.record else {
+                continue;
+            };
+            let named = tokens.contains(&claim.token.get());
+            if named {
+                matched.push(claim.token.get());
+            }
+            let now = SystemClock.now();
+            let lapsed = claim.lease_expires_at <= now;
+            let what = if !lapsed && !named {
+                Stuck::Kept(format!(
+                    "its lease is live for {} more: its holder may still be working (renewing \
+                     it); name it with --token {} once you know the holder is gone",
+                    age(claim.lease_expires_at.since(now)),
+                    claim.token.get()
+                ))
+            } else if dry_run {
+                Stuck::Released { named }
+            } else {
+                release_claim(store, &entry.key, claim, lapsed).await?
+            };
+            match &what {
+                Stuck::Released { .. } => released += 1,
+                Stuck::Kept(_) => kept += 1,
+            }
+            print_stuck(&entry.key, claim, &what, now, dry_run, json);
+        }
+        if page.len() < query.limit {
+            return Ok((matched, released, kept));
+        }
+    }
+}
+
+/// Releases one stuck claim: a live one by its token (named by the
+/// operator), a lapsed one by taking it over first (its token no longer
+/// releases it).
+async fn release_claim(
+    store: &OpenStore,
+    key: &Key,
+    claim: &idem_core::InProgress,
+    lapsed: bool,
+) -> Result<Stuck, Failure> {
+    let token = if lapsed {
+        match store
+            .store
+            .begin(
+                key,
+                claim.fingerprint,
+                idem_core::Lease::new(TAKEOVER_LEASE),
+            )
+            .await
+        {
+            Ok(idem_core::Begin::Acquired(c)) => c.token,
+            Ok(idem_core::Begin::Completed { .. }) => {
+                return Ok(Stuck::Kept("completed meanwhile".into()));
+            }
+            Ok(_) => {
+                return Ok(Stuck::Kept(
+                    "still held: another holder took it over meanwhile, or by the store's clock \
+                     its lease has not run out yet"
+                        .into(),
+                ));
+            }
+            Err(e) => return Err(failed(store, &format!("taking over {key}"), e)),
+        }
+    } else {
+        claim.token
+    };
+    match store.store.release(key, token).await {
+        Ok(Fenced::Ok(())) => {
+            tracing::warn!(
+                key = %key,
+                overridden_token = claim.token.get(),
+                attempts = claim.attempts,
+                lease_ran_out = lapsed,
+                "released by an operator"
+            );
+            Ok(Stuck::Released { named: !lapsed })
+        }
+        Ok(Fenced::Stale) => Ok(Stuck::Kept(
+            "it changed while being released (completed, or its lease ran out and another \
+             holder took it over)"
+                .into(),
+        )),
+        Err(e) => Err(failed(store, &format!("releasing {key}"), e)),
+    }
+}
+
+fn print_stuck(
+    key: &Key,
+    claim: &idem_core::InProgress,
+    what: &Stuck,
+    now: Timestamp,
+    dry_run: bool,
+    json: bool,
+) {
+    let held = now.since(claim.started_at);
+    let (status, why) = match what {
+        Stuck::Released { named: true } => ("released", "its token was named".to_owned()),
+        Stuck::Released { named: false } => (
+            "released",
+            format!(
+                "its lease ran out {} ago; the key's attempt count starts over",
+                age(now.since(claim.lease_expires_at))
+            ),
+        ),
+        Stuck::Kept(why) => ("kept", why.clone()),
+    };
+    let status = match (status, dry_run) {
+        ("released", true) => "would_release",
+        (s, _) => s,
+    };
+    if json {
+        println!(
+            "{}",
+            json!({"key": shown(key.bytes()), "status": status, "why": why,
+                   "token": claim.token.get(), "attempts": claim.attempts,
+                   "held_ms": held.as_millis() as u64})
+        );
+    } else {
+        println!(
+            "{}: {} (token {}, attempt {}, held for {}): {why}",
+            shown(key.bytes()),
+            status.replace('_', " "),
+            claim.token.get(),
+            claim.attempts,
+            age(held)
+        );
     }
 }
 
@@ -361,13 +663,14 @@ pub(crate) fn spinner(message: String) -> indicatif::ProgressBar {
     bar
 }
 
-/// Bytes from the store, printable: UTF-8 as it is with control characters
-/// escaped, other bytes as `\xNN`.
+/// Bytes from the store, printable: UTF-8 as it is with control and
+/// invisible formatting characters escaped (`\n`, `\u{202e}`: see
+/// [`idem_core::text::is_invisible`]), other bytes as `\xNN`.
 pub(crate) fn shown(bytes: &[u8]) -> String {
     let mut s = String::with_capacity(bytes.len());
     for chunk in bytes.utf8_chunks() {
         for c in chunk.valid().chars() {
-            if c.is_control() {
+            if idem_core::text::is_invisible(c) {
                 s.extend(c.escape_default());
             } else {
                 s.push(c);
@@ -576,7 +879,7 @@ mod tests {
         assert_eq!(parse_age("250"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_age("2h"), Ok(Duration::from_secs(7200)));
         assert!(parse_age("10 parsecs").unwrap_err().contains("unit"));
-        assert!(parse_age("m").unwrap_err().contains("not an age"));
+        assert!(parse_age("m").unwrap_err().contains("not a duration"));
         assert!(parse_age("99999999999999999999d").is_err());
     }
 

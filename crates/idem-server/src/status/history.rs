@@ -105,7 +105,7 @@ impl History {
 
     /// The window, each family summed over its namespaces or, for
     /// `namespace`, that namespace's alone.
-    pub fn view(&self, namespace: Option<&str>) -> ActivityView {
+    pub fn view(&self, namespace: Option<&str>, may_see: impl Fn(&str) -> bool) -> ActivityView {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let secs = TICK.as_secs_f64();
         let ticks = inner.times.len();
@@ -115,6 +115,9 @@ impl History {
         type Busy<'a> = BTreeMap<&'a str, (u64, BTreeMap<String, u64>)>;
         let mut busy: BTreeMap<Family, Busy<'_>> = BTreeMap::new();
         for (series, row) in &inner.added {
+            if !may_see(&series.namespace) {
+                continue;
+            }
             let family = families.entry(series.family).or_insert_with(|| FamilyView {
                 family: series.family,
                 namespace: namespace.map(str::to_owned),
@@ -187,7 +190,7 @@ mod tests {
                 (begins("carts", "completed"), 4),
             ],
         );
-        let view = history.view(None);
+        let view = history.view(None, |_| true);
         assert_eq!(view.times_ms, vec![0, 2_000, 4_000]);
         let begins_view = &view.families[0];
         assert_eq!(begins_view.outcomes["acquired"], vec![0.0, 5.0, 10.0]);
@@ -195,7 +198,7 @@ mod tests {
         assert_eq!(begins_view.namespaces[0].namespace, "orders");
         assert_eq!(begins_view.namespaces[0].in_window["acquired"], 30);
 
-        let carts = history.view(Some("carts"));
+        let carts = history.view(Some("carts"), |_| true);
         assert!(!carts.families[0].outcomes.contains_key("acquired"));
         assert_eq!(carts.families[0].outcomes["completed"], vec![0.0, 0.0, 2.0]);
     }
@@ -207,7 +210,7 @@ mod tests {
         for i in 1..=WINDOW as u64 + 10 {
             history.tick(i * 2_000, vec![(begins("orders", "acquired"), 1)]);
         }
-        let view = history.view(None);
+        let view = history.view(None, |_| true);
         assert_eq!(view.times_ms.len(), WINDOW);
         assert!(view.families.is_empty(), "quiet for the whole window");
     }

@@ -5,8 +5,10 @@
 //! lag and dead letters.
 //!
 //! The page is three files built into the binary (no CDN, nothing fetched
-//! from elsewhere) that poll `GET /status.json`. The page asks for no
-//! token: with `--auth` on, stuck claims show without their keys.
+//! from elsewhere) that poll `GET /status.json`. Who may read it is
+//! [`Access`]: with `idem serve --auth-token`, `/status.json` takes a bearer
+//! token and shows only what that token may see (the page asks for it once
+//! and keeps it for the browser tab).
 
 mod history;
 mod recorder;
@@ -17,10 +19,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::extract::{Query, State};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use http::header;
 use idem_consumer::Readiness;
+use idem_http::api::{Namespaces, Problem};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -38,8 +41,34 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
     connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; \
     frame-ancestors 'none'";
 
+/// Who may read `/status.json`, and what they see (`--status-page`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StatusPage {
+    /// `idem serve` with auth on: a bearer token is required, and each
+    /// token sees only its own namespaces (the store's address and settings
+    /// only with a token for every namespace), never a key. Without auth,
+    /// open; keys show where the API would show them anyway (`idem serve`
+    /// without auth), never on `idem consume`'s page.
+    On,
+    /// Open to anyone, everything, keys included: every tenant's
+    /// namespaces, the store's address and settings.
+    Public,
+    /// No page, no `/status.json`.
+    Off,
+}
+
+/// Who reads the page of one process.
+#[derive(Clone)]
+pub enum Access {
+    /// Anyone.
+    Open,
+    /// A bearer token of these grants, seeing what it may use.
+    Token(idem_http::api::Auth),
+}
+
 /// What the page of one process shows.
 pub struct Status {
+    access: Access,
     /// "idem serve" or "idem consume".
     service: &'static str,
     started_at_ms: u64,
@@ -64,6 +93,7 @@ impl Status {
     /// that lives as long as the runtime.
     pub fn start(
         service: &'static str,
+        access: Access,
         watched: Watched,
         store: StoreWatch,
         consumer: Option<Consumer>,
@@ -81,6 +111,7 @@ impl Status {
             });
         }
         Arc::new(Self {
+            access,
             service,
             started_at_ms: unix_ms(),
             watched,
@@ -124,26 +155,84 @@ struct StatusQuery {
 async fn status_json(
     State(status): State<Arc<Status>>,
     Query(query): Query<StatusQuery>,
-) -> impl IntoResponse {
-    let activity = status.history.view(query.namespace.as_deref());
+    headers: http::HeaderMap,
+) -> Response {
+    let may_see = match &status.access {
+        Access::Open => Namespaces::All,
+        Access::Token(auth) => match auth.namespaces_for(headers.get(header::AUTHORIZATION)) {
+            Ok(namespaces) => namespaces,
+            Err(p) => return p.into_response(),
+        },
+    };
+    if let Some(ns) = &query.namespace
+        && !may_see.allows(ns)
+    {
+        return Problem::forbidden(format!("this token may not see namespace {ns:?}"))
+            .into_response();
+    }
+    let activity = status
+        .history
+        .view(query.namespace.as_deref(), |ns| may_see.allows(ns));
     let busiest: Vec<String> = activity
         .families
         .iter()
         .flat_map(|f| f.namespaces.iter().map(|n| n.namespace.clone()))
         .collect();
     let store = status.store.view(busiest).await;
+    let store = match &may_see {
+        Namespaces::All => (*store).clone(),
+        Namespaces::Only(_) => store_seen_by(&store, &may_see),
+    };
     let mut body = json!({
         "service": status.service,
         "version": env!("CARGO_PKG_VERSION"),
         "started_at_ms": status.started_at_ms,
         "now_ms": unix_ms(),
         "activity": activity,
-        "store": &*store,
+        "store": store,
     });
     if let Some(consumer) = &status.consumer {
         body["consumer"] = consumer_json(consumer, &status.watched);
     }
-    ([(header::CACHE_CONTROL, "no-store")], Json(body))
+    ([(header::CACHE_CONTROL, "no-store")], Json(body)).into_response()
+}
+
+/// What a token confined to some namespaces sees of the store: those
+/// namespaces' counts and stuck claims, its health, nothing of its address,
+/// settings or size, nor of the other namespaces.
+fn store_seen_by(store: &Value, may_see: &Namespaces) -> Value {
+    let namespaces: Vec<Value> = store["namespaces"]
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .filter(|n| n["namespace"].as_str().is_some_and(|ns| may_see.allows(ns)))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut seen = json!({
+        "description": "(shown to a token for every namespace)",
+        "namespaces": namespaces,
+    });
+    for kept in [
+        "looking",
+        "healthy",
+        "checked_at_ms",
+        "answered_ms",
+        "refresh_seconds",
+        "stuck_after_seconds",
+        "keys_shown",
+    ] {
+        if let Some(v) = store.get(kept) {
+            seen[kept] = v.clone();
+        }
+    }
+    if store["error"].is_string() {
+        // Its text may name the store's address.
+        seen["error"] =
+            "the store does not answer (why is shown to a token for every namespace)".into();
+    }
+    seen
 }
 
 fn consumer_json(consumer: &Consumer, watched: &Watched) -> Value {

@@ -220,7 +220,8 @@ impl StoreWatch {
         let mut out = json!({"namespace": ns.as_str()});
         let mut any_in_progress = true;
         if let Some(admin) = &self.admin {
-            match timed(admin.stats(&ns)).await {
+            // The count stops on the server too when the page stops waiting.
+            match timed(admin.stats_within(&ns, CALL_TIMEOUT)).await {
                 Ok(stats) => {
                     any_in_progress = stats.in_progress + stats.abandoned > 0;
                     out["in_progress"] = stats.in_progress.into();

@@ -19,8 +19,8 @@ pub use self::single::{sql, sql_failure};
 #[cfg(feature = "sql")]
 pub use self::spec::SqlSpec;
 pub use self::spec::{HotTier, StoreSpec};
-use crate::Failure;
 use crate::config::StoreSettings;
+use crate::run::Failure;
 
 /// An open store, and what must happen to it at shutdown.
 pub struct OpenStore {

@@ -8,10 +8,10 @@ use idem_file::{Durability, FileStore};
 use super::spec::RedisSpec;
 #[cfg(feature = "sql")]
 use super::spec::SqlSpec;
-use crate::Failure;
 #[cfg(any(feature = "redis", feature = "sql"))]
 use crate::config::bad;
 use crate::config::{DurabilityArg, StoreSettings};
+use crate::run::Failure;
 
 /// A memory store under the configured limits.
 pub fn memory(settings: &StoreSettings) -> MemoryStore {

@@ -17,8 +17,8 @@ use idem_tiered::{Acknowledgement, TieredStore};
 
 use super::single;
 use super::spec::{ColdTier, HotTier};
-use crate::Failure;
 use crate::config::{StoreSettings, TieredSettings, bad};
+use crate::run::Failure;
 
 /// An open tiered store.
 pub struct OpenTiered {

@@ -4,6 +4,8 @@
 // server the page came from. Writes a screenshot.
 //
 // node status_page.mjs URL SCREENSHOT_PATH [NAMESPACE]
+// With IDEM_STATUS_TOKEN set, the page must ask for a token first; the
+// script gives it this one.
 // Prints one JSON line; exits 1 on any failure.
 import { chromium } from "playwright-core";
 
@@ -20,7 +22,12 @@ const browser = await chromium.launch({
 const problems = [];
 try {
   const page = await browser.newPage({ viewport: { width: 1200, height: 1000 } });
+  // Until it has a token, the page's requests for the status are refused
+  // (401), which Chromium reports on the console; nothing else may be. (A
+  // refusal after the token was given shows in what the page draws.)
+  const refusalExpected = Boolean(process.env.IDEM_STATUS_TOKEN);
   page.on("console", (m) => {
+    if (refusalExpected && m.text().includes("status of 401")) return;
     if (m.type() === "error" || m.type() === "warning") problems.push(`console ${m.type()}: ${m.text()}`);
   });
   page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
@@ -32,6 +39,20 @@ try {
 
   const response = await page.goto(url, { waitUntil: "load" });
   if (!response || response.status() !== 200) throw new Error(`GET ${url}: ${response?.status()}`);
+
+  // With IDEM_STATUS_TOKEN, the server asks for a token: the page shows its
+  // form and nothing else until it has one.
+  const token = process.env.IDEM_STATUS_TOKEN;
+  let beforeToken = null;
+  if (token) {
+    await page.waitForSelector("#token-form:not([hidden])", { timeout: 15000 });
+    beforeToken = await page.evaluate(() => ({
+      namespaces: [...document.querySelectorAll("#namespaces tbody tr")].map((tr) => tr.cells[0].textContent),
+    }));
+    await page.fill("#token", token);
+    await page.click("#token-form button[type=submit]");
+    await page.waitForSelector("#token-form", { state: "hidden", timeout: 15000 });
+  }
 
   // The chart has drawn at least one line with a point above zero.
   await page.waitForFunction(
@@ -70,7 +91,7 @@ try {
   await page.screenshot({ path: screenshot, fullPage: true });
   if (!seen.healthy) problems.push(`the store shows as unhealthy: ${seen.health}`);
   if (seen.banner) problems.push("the page says it cannot reach idem");
-  console.log(JSON.stringify({ ok: problems.length === 0, problems, seen }));
+  console.log(JSON.stringify({ ok: problems.length === 0, problems, seen, asked_for_token: token ? true : undefined, before_token: beforeToken }));
 } catch (e) {
   problems.push(String(e && e.stack ? e.stack : e));
   console.log(JSON.stringify({ ok: false, problems }));

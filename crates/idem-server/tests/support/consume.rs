@@ -56,6 +56,12 @@ pub struct Call {
     pub token: Option<u64>,
     pub attempt: u32,
     pub by: &'static str,
+    /// When the call ended.
+    pub at: Instant,
+    /// Whether the sink did the work and said so: a 2xx answer that
+    /// reached the caller (a batch's item the answer left out, or a batch
+    /// answered with garbage, did the work but never said so).
+    pub done: bool,
 }
 
 #[derive(Default)]
@@ -68,6 +74,11 @@ struct Ledger {
     started: HashMap<String, u32>,
     /// When each key's first call came.
     first_call: HashMap<String, Instant>,
+    /// The keys of each batch request, in the order they came.
+    batches: Vec<Vec<String>>,
+    /// Batch behaviours already played once (`short-`, `notjson-`,
+    /// `down-`).
+    played: std::collections::HashSet<String>,
 }
 
 /// The business system: an HTTP endpoint for `idem consume` and a function
@@ -92,6 +103,7 @@ impl Sink {
         let addr: SocketAddr = listener.local_addr().unwrap();
         let app = axum::Router::new()
             .route("/handle", axum::routing::post(http_handle))
+            .route("/batch", axum::routing::post(http_batch))
             .with_state(self.clone());
         tokio::spawn(async move { axum::serve(listener, app).await });
         format!("http://{addr}/handle")
@@ -138,6 +150,8 @@ impl Sink {
             token,
             attempt,
             by,
+            at: Instant::now(),
+            done: status.is_success(),
         });
         if status.is_success() {
             l.applied
@@ -162,6 +176,24 @@ impl Sink {
 
     pub fn applied(&self) -> usize {
         self.ledger.lock().applied.len()
+    }
+
+    /// The keys of each batch request so far.
+    pub fn batches(&self) -> Vec<Vec<String>> {
+        self.ledger.lock().batches.clone()
+    }
+
+    /// Whether `behaviour` (a key) is played for the first time.
+    fn first_time(&self, behaviour: &str) -> bool {
+        self.ledger.lock().played.insert(behaviour.to_owned())
+    }
+
+    /// The work of `key`'s last call was done, but the caller was not told.
+    fn untold(&self, key: &str) {
+        let mut l = self.ledger.lock();
+        if let Some(call) = l.calls.iter_mut().rev().find(|c| c.key == key) {
+            call.done = false;
+        }
     }
 
     pub fn started(&self, key: &str) -> u32 {
@@ -197,6 +229,78 @@ async fn http_handle(State(sink): State<Sink>, headers: HeaderMap, _body: Bytes)
         return (status, axum::body::Body::from_stream(body)).into_response();
     }
     status.into_response()
+}
+
+/// The batch endpoint (`idem consume --batch`): each item by the sink's
+/// behaviour for its key, all at once, answered per item. Batch-only
+/// behaviours, each played the first time its key comes: a batch holding
+/// `down-` is answered 503 as a whole without any work; one holding
+/// `notjson-` does every item's work and answers 200 with a body that is
+/// not JSON; `short-` is done and left out of the answer. `fail2-` asks
+/// for its retry after 150 ms (under the test's `--retry-max-ms 200`,
+/// which caps it), `bad-` says why.
+async fn http_batch(State(sink): State<Sink>, headers: HeaderMap, body: Bytes) -> Response {
+    let Ok(serde_json::Value::Array(items)) = serde_json::from_slice(&body) else {
+        return (StatusCode::BAD_REQUEST, "not a JSON array").into_response();
+    };
+    let count = headers
+        .get("idem-batch")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    assert_eq!(count, Some(items.len()), "Idem-Batch counts the items");
+    let keys: Vec<String> = items
+        .iter()
+        .map(|i| i["key"].as_str().expect("each item has its key").to_owned())
+        .collect();
+    sink.ledger.lock().batches.push(keys.clone());
+    if let Some(down) = keys.iter().find(|k| k.starts_with("down-"))
+        && sink.first_time(down)
+    {
+        return (StatusCode::SERVICE_UNAVAILABLE, "down for a moment").into_response();
+    }
+    let statuses = futures_util::future::join_all(items.iter().map(|item| {
+        let key = item["key"].as_str().unwrap();
+        let token = item["token"].as_u64();
+        let attempt = item["attempt"].as_u64().unwrap_or(0) as u32;
+        // The body travels as JSON, or as its text where the broker gives
+        // no content type.
+        let body = match &item["body"] {
+            serde_json::Value::String(text) => serde_json::from_str(text).unwrap_or_default(),
+            body => body.clone(),
+        };
+        let key = if body["id"].as_str() == Some(key) {
+            key
+        } else {
+            "bad-body"
+        };
+        sink.handle(key, token, attempt, "sidecar")
+    }))
+    .await;
+    if let Some(garbage) = keys.iter().find(|k| k.starts_with("notjson-"))
+        && sink.first_time(garbage)
+    {
+        for key in &keys {
+            sink.untold(key);
+        }
+        return (StatusCode::OK, "ok").into_response();
+    }
+    let mut results = Vec::new();
+    for (key, status) in keys.iter().zip(statuses) {
+        if key.starts_with("short-") && sink.first_time(key) {
+            sink.untold(key);
+            continue;
+        }
+        let mut result = serde_json::json!({ "key": key, "status": status.as_u16() });
+        if status.is_success() {
+            result["outcome"] = serde_json::json!({ "handled": key });
+        } else if key.starts_with("fail2-") {
+            result["retry_after_ms"] = 150.into();
+        } else if key.starts_with("bad-") {
+            result["error"] = "out of stock\r\nKEYS: injected".into();
+        }
+        results.push(result);
+    }
+    axum::Json(serde_json::json!({ "results": results })).into_response()
 }
 
 /// A running `idem consume`.
@@ -295,11 +399,27 @@ fn messages(ids: impl IntoIterator<Item = String>) -> Vec<(String, Vec<u8>)> {
 /// for keys the killed process was handling, each with a larger fencing
 /// token.
 pub async fn crash_and_duplicates(broker: impl Broker) {
+    crash_and_duplicates_with(broker, None).await;
+}
+
+/// [`crash_and_duplicates`] with the sidecar's handler taking batches of 16
+/// (`--batch 16`): the killed process may hold as many messages as without
+/// batches, and no more run twice.
+pub async fn crash_and_duplicates_in_batches(broker: impl Broker) {
+    crash_and_duplicates_with(broker, Some("16")).await;
+}
+
+async fn crash_and_duplicates_with(broker: impl Broker, batch: Option<&str>) {
     let Some((store, store_url)) = store().await else {
         return;
     };
     let sink = Sink::default();
-    let to = sink.serve().await;
+    let mut to = sink.serve().await;
+    let mut extra = vec!["--concurrency", "16", "--default-lease-ms", "2000"];
+    if let Some(n) = batch {
+        to = to.replace("/handle", "/batch");
+        extra.extend(["--batch", n]);
+    }
     let total = 10_000;
     let ids: Vec<String> = (0..total).map(|i| format!("m-{i}")).collect();
     let mut first = messages(ids.iter().cloned());
@@ -312,12 +432,7 @@ pub async fn crash_and_duplicates(broker: impl Broker) {
     }
     broker.publish(&first).await;
     let concurrency = 16;
-    let sidecar_args = args(
-        &broker,
-        &to,
-        &store_url,
-        &["--concurrency", "16", "--default-lease-ms", "2000"],
-    );
+    let sidecar_args = args(&broker, &to, &store_url, &extra);
     let sidecar = start(&sidecar_args).await;
     let stop = CancellationToken::new();
     let library = {
@@ -407,8 +522,15 @@ pub async fn crash_and_duplicates(broker: impl Broker) {
         report.duplicates > 0 || calls.len() < total + total / 10,
         "{report:?}"
     );
+    if batch.is_some() {
+        let batches = sink.batches();
+        assert!(
+            batches.iter().any(|b| b.len() > 1),
+            "the sidecar sent batches"
+        );
+    }
     eprintln!(
-        "crash_and_duplicates: {} calls for {total} messages, {} keys called twice (killed in flight), library {by_library}, library report {report:?}",
+        "crash_and_duplicates (batch {batch:?}): {} calls for {total} messages, {} keys called twice (killed in flight), library {by_library}, library report {report:?}",
         calls.len(),
         again.len()
     );
@@ -423,7 +545,8 @@ pub async fn retries_and_dead_letters(broker: impl Broker) {
         return;
     };
     let sink = Sink::default();
-    let to = sink.serve().await;
+    // A handler URL with a credential: it shows nowhere.
+    let to = format!("{}?token=s3cret-handler-token", sink.serve().await);
     broker
         .publish(&messages([
             "fail2-a".into(),
@@ -466,6 +589,12 @@ pub async fn retries_and_dead_letters(broker: impl Broker) {
     assert_eq!(consumer["dead_lettered_total"], 2, "{consumer}");
     assert_eq!(consumer["running"], true, "{consumer}");
     assert!(consumer["source"].is_string(), "{consumer}");
+    assert!(
+        consumer["to"].as_str().unwrap().ends_with("?token=***"),
+        "{consumer}"
+    );
+    assert!(!status.to_string().contains("s3cret"), "{status}");
+    assert_eq!(status["store"]["keys_shown"], false, "{status}");
     assert_eq!(sidecar.terminate().await, 0);
 
     let flaky = sink.calls_for("fail2-a");
@@ -482,18 +611,62 @@ pub async fn retries_and_dead_letters(broker: impl Broker) {
     assert_eq!(sink.calls_for("bad-c").len(), 1, "a 422 is not retried");
     assert_eq!(sink.calls_for("ok-d").len(), 1);
     let dead = broker.dead_letters().await;
-    let find = |key: &str| {
-        dead.iter()
-            .find(|(h, _)| h.get("idem-key").map(String::as_str) == Some(key))
-            .unwrap_or_else(|| panic!("{key} is not among the dead letters: {dead:?}"))
-    };
+    let find = |key: &str| dead_letter(&dead, key);
     let (headers, body) = find("always-b");
     assert_eq!(headers["idem-attempts"], "3");
     assert!(headers["idem-last-error"].contains("500"), "{headers:?}");
+    assert!(
+        headers["idem-last-error"].contains("token=***"),
+        "{headers:?}"
+    );
+    assert!(
+        !headers["idem-last-error"].contains("s3cret"),
+        "{headers:?}"
+    );
     assert_eq!(body, br#"{"id":"always-b"}"#);
     let (headers, _) = find("bad-c");
     assert_eq!(headers["idem-attempts"], "1");
     assert!(headers["idem-last-error"].contains("422"), "{headers:?}");
+}
+
+/// The dead letter of `key` among `dead`.
+fn dead_letter<'a>(
+    dead: &'a [(HashMap<String, String>, Vec<u8>)],
+    key: &str,
+) -> &'a (HashMap<String, String>, Vec<u8>) {
+    dead.iter()
+        .find(|(h, _)| h.get("idem-key").map(String::as_str) == Some(key))
+        .unwrap_or_else(|| panic!("{key} is not among the dead letters: {dead:?}"))
+}
+
+/// Parks `n` dead letters (keys `bad-0000`…, refused by the handler)
+/// through `idem consume`, and answers `idem dlq ARGS… --from` for the
+/// broker's source: a runner of `idem dlq` commands.
+pub async fn park<B: Broker>(
+    broker: &B,
+    n: usize,
+) -> Option<impl Fn(&[&str]) -> (i32, String, String) + Send + Sync + use<B>> {
+    let (_store, store_url) = store().await?;
+    let sink = Sink::default();
+    let to = sink.serve().await;
+    broker
+        .publish(&messages((0..n).map(|i| format!("bad-{i:04}"))))
+        .await;
+    let sidecar = start(&args(broker, &to, &store_url, &[])).await;
+    let from = broker.source_url();
+    let dlq = move |args: &[&str]| {
+        let mut all = vec!["dlq"];
+        all.extend_from_slice(args);
+        all.extend(["--from", &from]);
+        super::run(&all, &[])
+    };
+    wait_for("the dead letters", Duration::from_secs(60), async || {
+        let (code, out, _) = dlq(&["ls", "--json", "--limit", "100000"]);
+        code == 0 && out.lines().count() == n
+    })
+    .await;
+    assert_eq!(sidecar.terminate().await, 0);
+    Some(dlq)
 }
 
 /// `idem dlq` on a thousand dead letters: listed with their idem headers,
@@ -551,6 +724,30 @@ pub async fn dead_letters_replay_after_a_fix(broker: impl Broker) {
     assert_eq!(code, 0);
     assert!(out.starts_with("ID"), "{out}");
     assert!(out.contains("(first 3 dead letters"), "{out}");
+    // Pages, filters and order.
+    let ls = |extra: &[&str]| {
+        let (code, out, err) = dlq(&[&["ls", "--from", &from, "--json"][..], extra].concat());
+        assert_eq!(code, 0, "{extra:?}: {err}");
+        lines(&out)
+    };
+    let ids_of = |letters: &[serde_json::Value]| -> Vec<serde_json::Value> {
+        letters.iter().map(|l| l["id"].clone()).collect()
+    };
+    let page = ls(&["--limit", "3", "--after", listed[2]["id"].as_str().unwrap()]);
+    assert_eq!(ids_of(&page), ids_of(&listed[3..6]), "the second page");
+    let one = ls(&["--key", "bad-0007"]);
+    assert_eq!(
+        (one.len(), &one[0]["key"]),
+        (1, &serde_json::json!("bad-0007"))
+    );
+    assert_eq!(
+        ls(&["--error", "422 UNPROCESSABLE", "--limit", "5000"]).len(),
+        DEAD
+    );
+    assert!(ls(&["--error", "no such error"]).is_empty());
+    assert!(ls(&["--older-than", "1h"]).is_empty());
+    let newest = ls(&["--newest-first", "--limit", "1"]);
+    assert_eq!(newest[0]["id"], listed[DEAD - 1]["id"]);
     let id = first["id"].as_str().unwrap();
     let (code, out, err) = dlq(&["show", id, "--from", &from]);
     assert_eq!(code, 0, "{err}");
@@ -559,10 +756,17 @@ pub async fn dead_letters_replay_after_a_fix(broker: impl Broker) {
         "{out}"
     );
 
-    // A replay must say which.
+    // A replay must say which, confirm --all, and look keys up in the
+    // store unless told not to.
     let (code, _, err) = dlq(&["replay", "--from", &from]);
     assert_eq!(code, 2);
     assert!(err.contains("--all"), "{err}");
+    let (code, _, err) = dlq(&["replay", "--from", &from, "--all", "--store", &store_url]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--yes"), "{err}");
+    let (code, _, err) = dlq(&["replay", "--from", &from, "--key", "bad-0000"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--no-store-check"), "{err}");
 
     // Every dead-lettered key is recorded as such, so a copy would be
     // acked as a duplicate.
@@ -606,11 +810,62 @@ pub async fn dead_letters_replay_after_a_fix(broker: impl Broker) {
     let replayed = lines(&out);
     assert_eq!(replayed.len(), 1, "{out}");
     assert_eq!(replayed[0]["key"], "bad-0000");
-    assert!(err.contains("replayed by an operator"), "logged: {err}");
-    let (code, out, err) = dlq(&["replay", "--from", &from, "--all", "--store", &store_url]);
+    assert!(err.contains("dead letter replayed"), "logged: {err}");
+    // A letter parked longer ago than the record retention may have
+    // outlived its key's record: kept, unless forced.
+    let older = |extra: &[&str]| {
+        let mut all = vec![
+            "replay",
+            "--from",
+            &from,
+            "--key",
+            "bad-0002",
+            "--store",
+            &store_url,
+            "--default-retention-ms",
+            "1",
+        ];
+        all.extend_from_slice(extra);
+        dlq(&all)
+    };
+    let (code, out, err) = older(&[]);
+    assert_eq!(code, 4, "{out}{err}");
+    assert!(out.contains("longer than the record retention"), "{out}");
+    let (code, out, err) = older(&["--force"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("replayed 1 dead letter"), "{out}");
+    // An id from the first listing still names the same letter, however
+    // many were replayed before it since.
+    let later = listed
+        .iter()
+        .find(|l| l["key"] == "bad-0005")
+        .expect("bad-0005 was listed");
+    let (code, out, err) = dlq(&[
+        "show",
+        later["id"].as_str().unwrap(),
+        "--from",
+        &from,
+        "--json",
+    ]);
     assert_eq!(code, 0, "{err}");
+    let shown: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(shown["key"], "bad-0005", "{shown}");
+    let (code, _, err) = dlq(&["show", "no-such-id", "--from", &from]);
+    assert_eq!(code, 3, "{err}");
+    // A look first, which changes nothing.
+    let all = [
+        "replay", "--from", &from, "--all", "--yes", "--store", &store_url,
+    ];
+    let (code, out, err) = dlq(&[&all[..], &["--dry-run"]].concat());
+    assert_eq!(code, 4, "bad-0001 would be kept: {out}{err}");
     assert!(
-        out.contains(&format!("replayed {} dead letters", DEAD - 2)),
+        out.contains(&format!("would replay {} dead letters", DEAD - 3)),
+        "{out}"
+    );
+    let (code, out, err) = dlq(&all);
+    assert_eq!(code, 4, "bad-0001 is kept: {out}{err}");
+    assert!(
+        out.contains(&format!("replayed {} dead letters", DEAD - 3)),
         "{out}"
     );
     assert!(out.contains("kept") && out.contains("bad-0001"), "{out}");
@@ -618,6 +873,34 @@ pub async fn dead_letters_replay_after_a_fix(broker: impl Broker) {
     let left = lines(&out);
     assert_eq!(left.len(), 1, "only the completed key stays parked: {out}");
     assert_eq!(left[0]["key"], "bad-0001");
+    // Dropped for good: nothing is left to replay by mistake once its
+    // record expires.
+    let (code, out, err) = dlq(&[
+        "drop",
+        "--from",
+        &from,
+        "--completed",
+        "--store",
+        &store_url,
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("dropped 1 dead letter"), "{out}");
+    assert!(err.contains("dead letter dropped"), "logged: {err}");
+    let (_, out, _) = dlq(&["ls", "--from", &from, "--json"]);
+    assert_eq!(out.lines().count(), 0, "{out}");
+    let (code, _, err) = dlq(&all);
+    assert_eq!(code, 3, "nothing matched: {err}");
+    let (code, _, err) = dlq(&[
+        "replay",
+        "--from",
+        &from,
+        "--id",
+        "no-such-id",
+        "--store",
+        &store_url,
+    ]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("no dead letter no-such-id"), "{err}");
 
     let sidecar = start(&args(&broker, &to, &store_url, &["--concurrency", "64"])).await;
     wait_for(
@@ -933,4 +1216,173 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// `--batch 8`: 60 plain messages and one of each behaviour, through the
+/// batch endpoint with a lease of 1 s. Batches of several messages reach
+/// the handler; each message is settled by its own result: `fail2-` is
+/// retried no sooner than its `retry_after_ms` and then done, `always-` is
+/// dead-lettered after its attempts, `bad-` at once with its reason,
+/// `auth-` pauses without using attempts; what the answer leaves out
+/// (`short-`), a body that is not JSON (`notjson-`) and a 503 for the
+/// whole batch (`down-`) settle nothing and are retried; a batch slower
+/// than the lease (`slow-`) keeps every claim. Every key's work is told
+/// done exactly once, by its last call; copies published afterwards never
+/// reach the handler.
+pub async fn batches(broker: impl Broker) {
+    let Some((_store, store_url)) = store().await else {
+        return;
+    };
+    let sink = Sink::default();
+    let to = sink.serve().await.replace("/handle", "/batch");
+    let plain: Vec<String> = (0..60).map(|i| format!("ok-{i:03}")).collect();
+    // The behaviours of one item first; those of a whole batch (each
+    // costs every item of its batch an attempt) in a second round, so that
+    // no message meets more than the three attempts it has.
+    let special = [
+        "fail2-a", "always-b", "bad-c", "short-d", "auth-g", "slow-h",
+    ];
+    let whole = ["notjson-e", "down-f"];
+    let sidecar = start(&args(
+        &broker,
+        &to,
+        &store_url,
+        &[
+            "--batch",
+            "8",
+            "--batch-linger-ms",
+            "20",
+            "--max-attempts",
+            "3",
+            "--default-lease-ms",
+            "1000",
+        ],
+    ))
+    .await;
+    let mut first: Vec<String> = special.iter().map(|s| s.to_string()).collect();
+    first.extend(plain[..40].iter().cloned());
+    broker.publish(&messages(first.clone())).await;
+    wait_for("the first round", Duration::from_secs(90), async || {
+        sink.applied() == first.len() - 2 && broker.dead_letters().await.len() == 2
+    })
+    .await;
+    let mut second: Vec<String> = whole.iter().map(|s| s.to_string()).collect();
+    second.extend(plain[40..].iter().cloned());
+    broker.publish(&messages(second.clone())).await;
+    let all: Vec<String> = first.iter().chain(&second).cloned().collect();
+    wait_for("the second round", Duration::from_secs(90), async || {
+        sink.applied() == all.len() - 2
+    })
+    .await;
+    wait_for("a drained broker", Duration::from_secs(30), async || {
+        broker.drained().await
+    })
+    .await;
+    let calls_before = sink.calls().len();
+    broker.publish(&messages(plain[..10].to_vec())).await;
+    wait_for("the copies acked", Duration::from_secs(30), async || {
+        broker.drained().await
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sidecar.terminate().await, 0);
+    assert_eq!(
+        sink.calls().len(),
+        calls_before,
+        "copies of completed messages reached the handler"
+    );
+
+    let batches = sink.batches();
+    let largest = batches.iter().map(Vec::len).max().unwrap();
+    assert!(
+        largest > 1 && largest <= 8,
+        "batches of up to 8: {batches:?}"
+    );
+    // Every key's work is told done once, by its last call; a call that
+    // was not told done (left out, garbage, a failure) is followed by
+    // another, with a larger token.
+    for key in &all {
+        let calls = sink.calls_for(key);
+        let done: Vec<_> = calls.iter().filter(|c| c.done).collect();
+        let dead = key.starts_with("always-") || key.starts_with("bad-");
+        assert_eq!(done.len(), usize::from(!dead), "{key}: {calls:?}");
+        if !dead {
+            assert!(calls.last().unwrap().done, "{key}: {calls:?}");
+        }
+        for pair in calls.windows(2) {
+            assert!(pair[0].token < pair[1].token, "{key}: {calls:?}");
+        }
+    }
+    let flaky = sink.calls_for("fail2-a");
+    assert_eq!(
+        flaky.iter().map(|c| c.attempt).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+    for pair in flaky.windows(2) {
+        let gap = pair[1].at - pair[0].at;
+        assert!(
+            gap >= Duration::from_millis(150),
+            "retried {gap:?} after the answer asked for 150 ms"
+        );
+    }
+    assert_eq!(sink.calls_for("always-b").len(), 3);
+    assert_eq!(sink.calls_for("bad-c").len(), 1, "a 422 is not retried");
+    assert_eq!(
+        sink.calls_for("short-d").len(),
+        2,
+        "left out, then answered"
+    );
+    // Every batch reached the sink's work for each of its items, but the
+    // one answered 503 as a whole.
+    let down_at = batches
+        .iter()
+        .position(|b| b.iter().any(|k| k.starts_with("down-")))
+        .unwrap();
+    let down = &batches[down_at];
+    for key in &all {
+        let sent = batches.iter().filter(|b| b.contains(key)).count();
+        assert_eq!(
+            sink.calls_for(key).len(),
+            sent - usize::from(down.contains(key)),
+            "{key} went out in {sent} batches"
+        );
+    }
+    let auth = sink.calls_for("auth-g");
+    assert!(
+        auth.len() >= 2 && auth.iter().all(|c| c.attempt == 1),
+        "refusals as unauthorized use no attempt: {auth:?}"
+    );
+    assert_eq!(
+        sink.calls_for("slow-h").len(),
+        1,
+        "a batch slower than the lease keeps its claims"
+    );
+    // The items of the batch answered with garbage (the first with
+    // `notjson-` that was not refused whole) were all called again.
+    let garbage = batches
+        .iter()
+        .enumerate()
+        .find(|(i, b)| *i != down_at && b.iter().any(|k| k.starts_with("notjson-")))
+        .unwrap()
+        .1;
+    for key in garbage {
+        assert!(sink.calls_for(key).len() >= 2, "{key} in {garbage:?}");
+    }
+    let dead = broker.dead_letters().await;
+    let find = |key: &str| dead_letter(&dead, key);
+    let (headers, _) = find("always-b");
+    assert_eq!(headers["idem-attempts"], "3");
+    assert!(headers["idem-last-error"].contains("500"), "{headers:?}");
+    let (headers, body) = find("bad-c");
+    assert_eq!(headers["idem-attempts"], "1");
+    let last_error = &headers["idem-last-error"];
+    assert!(
+        last_error.contains("422") && last_error.contains("out of stock"),
+        "{headers:?}"
+    );
+    assert!(
+        !last_error.chars().any(char::is_control) && !headers.contains_key("keys"),
+        "one line, no injected property: {headers:?}"
+    );
+    assert_eq!(body, br#"{"id":"bad-c"}"#);
 }

@@ -26,6 +26,36 @@ pub struct Process {
 /// Starts `idem ARGS…` (with `--listen 127.0.0.1:0` added unless given) and
 /// waits for its "listening on" line.
 pub async fn start(args: &[&str], env: &[(&str, &str)]) -> Process {
+    start_logging_to(args, env, Stdio::inherit()).await
+}
+
+/// [`start`], its log (stderr) in a file whose path comes back with it.
+pub async fn start_logged(args: &[&str], env: &[(&str, &str)]) -> (Process, tempfile::TempPath) {
+    let log = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    let file = std::fs::File::create(&log).unwrap();
+    (start_logging_to(args, env, file.into()).await, log)
+}
+
+/// The line of the log at `log` that names `id` (a request id), lower
+/// case; panics, showing the log, when none does.
+pub fn log_line_naming(log: &std::path::Path, id: &str) -> String {
+    let logged = std::fs::read_to_string(log).unwrap();
+    logged
+        .lines()
+        .find(|l| l.contains(id))
+        .unwrap_or_else(|| panic!("no log line names {id}: {logged}"))
+        .to_lowercase()
+}
+
+/// A `http://` address where nothing listens.
+pub fn nothing_listening() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    dead
+}
+
+async fn start_logging_to(args: &[&str], env: &[(&str, &str)], stderr: Stdio) -> Process {
     let mut all: Vec<&str> = args.to_vec();
     if !args.contains(&"--listen") {
         all.extend(["--listen", "127.0.0.1:0"]);
@@ -34,7 +64,7 @@ pub async fn start(args: &[&str], env: &[(&str, &str)]) -> Process {
     cmd.args(&all)
         .env_remove("IDEM_CONFIG")
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .kill_on_drop(true);
     for (k, v) in env {
         cmd.env(k, v);

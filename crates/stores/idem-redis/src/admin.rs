@@ -3,19 +3,19 @@
 //! on each master and reads or deletes them in pipelines; nothing blocks
 //! the server for long.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use futures_util::FutureExt as _;
 use futures_util::future::BoxFuture;
 use idem_core::admin::{Admin, Finding, NamespaceStats, Purge, Severity, StoreSize};
-use idem_core::{Namespace, Record, StoreError, Timestamp};
+use idem_core::{Namespace, StoreError, Timestamp};
 use redis::{Cmd, Value};
 
 use idem_core::layer::StoreWrapper as _;
 
 use crate::RedisStore;
 use crate::layout::{RECORD_PATTERN, key_of, namespace_prefix};
-use crate::reply::{parse_record, unavailable};
+use crate::reply::{COUNTED, Counted, parse_counted, unavailable};
 use crate::store::Inner;
 
 /// Keys one pipeline reads or deletes.
@@ -44,25 +44,33 @@ impl Admin for RedisStore {
             let keys = namespace_keys(inner, namespace).await?;
             let now = Timestamp::from_millis(server_time(inner).await?);
             let mut out = NamespaceStats::default();
-            for chunk in keys.chunks(BATCH) {
-                let cmds: Vec<Cmd> = chunk
-                    .iter()
-                    .map(|k| redis::cmd("GET").arg(k).clone())
-                    .collect();
-                let values = inner.pipelined(&inner.conn, &cmds, chunk).await;
-                for v in values {
-                    match parse_record(&v.map_err(unavailable)?)? {
-                        Some(Record::InProgress(p)) => {
-                            out.count_claim(p.lease_expires_at > now, p.started_at)
-                        }
-                        Some(Record::Completed(c)) if c.expires_at > now => out.completed += 1,
-                        // Expiring this millisecond; Redis drops it itself.
-                        Some(Record::Completed(_)) => out.expired += 1,
-                        None => {}
-                    }
-                }
-            }
+            count_heads(inner, &keys, |_, head| tally(&mut out, head, now)).await?;
             Ok(out)
+        }
+        .boxed()
+    }
+
+    /// One `SCAN` of the whole keyspace, and the head of each record
+    /// (`GETRANGE`, the 18 bytes that say its state and times) read once,
+    /// every namespace together.
+    fn stats_all(&self) -> BoxFuture<'_, Result<Vec<(Namespace, NamespaceStats)>, StoreError>> {
+        async move {
+            let inner = &*self.store.inner().inner;
+            let mut keys = inner.scan_keys(RECORD_PATTERN).await?;
+            keys.sort();
+            keys.dedup();
+            let now = Timestamp::from_millis(server_time(inner).await?);
+            let mut by_namespace: BTreeMap<Namespace, NamespaceStats> = BTreeMap::new();
+            count_heads(inner, &keys, |k, head| {
+                if let Some(key) = key_of(k) {
+                    let stats = by_namespace.entry(key.namespace().clone()).or_default();
+                    tally(stats, head, now);
+                }
+            })
+            .await?;
+            // A namespace holding only released keys' tombstones has no
+            // records, and is not listed.
+            Ok(by_namespace.into_iter().collect())
         }
         .boxed()
     }
@@ -103,7 +111,20 @@ impl Admin for RedisStore {
         async move {
             let inner = &*self.store.inner().inner;
             let mut out = Vec::new();
-            for node in inner.masters().await? {
+            let masters = match inner.masters().await {
+                Ok(masters) => masters,
+                // Slots without a master that is up.
+                Err(e) => {
+                    out.push(Finding::new(
+                        Severity::Fail,
+                        "cluster",
+                        e.to_string(),
+                        Some("fail the master over to a replica (CLUSTER FAILOVER on it), or bring it back".into()),
+                    ));
+                    return Ok(out);
+                }
+            };
+            for node in masters {
                 let at = node
                     .as_ref()
                     .map_or(String::new(), |(h, p)| format!(" on {h}:{p}"));
@@ -229,6 +250,45 @@ fn judge(settings: &[(String, String)], at: &str) -> Vec<Finding> {
         )
     });
     out
+}
+
+/// Reads the head of each record at `keys` (the bytes that say its state
+/// and times, no more) and hands it to `each` with its key; tombstones and
+/// keys gone meanwhile are left out.
+async fn count_heads(
+    inner: &Inner,
+    keys: &[Vec<u8>],
+    mut each: impl FnMut(&[u8], Counted),
+) -> Result<(), StoreError> {
+    for chunk in keys.chunks(BATCH) {
+        let cmds: Vec<Cmd> = chunk
+            .iter()
+            .map(|k| {
+                redis::cmd("GETRANGE")
+                    .arg(k)
+                    .arg(0)
+                    .arg(COUNTED - 1)
+                    .clone()
+            })
+            .collect();
+        let values = inner.pipelined(&inner.conn, &cmds, chunk).await;
+        for (k, v) in chunk.iter().zip(values) {
+            if let Some(head) = parse_counted(&v.map_err(unavailable)?)? {
+                each(k, head);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Counts one record, as of `now`.
+fn tally(out: &mut NamespaceStats, head: Counted, now: Timestamp) {
+    match head {
+        Counted::InProgress { until, since } => out.count_claim(until > now, since),
+        Counted::Completed { until } if until > now => out.completed += 1,
+        // Expiring this millisecond; Redis drops it itself.
+        Counted::Completed { .. } => out.expired += 1,
+    }
 }
 
 /// Every record key of `namespace`, once each, in order.

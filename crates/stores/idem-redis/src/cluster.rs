@@ -23,11 +23,14 @@ impl Inner {
     }
 
     /// The nodes that hold keys: the standalone Redis (`None`), or each
-    /// cluster master.
+    /// cluster master. On a cluster where some slots have no master that
+    /// is up (one marked `fail?` or `fail`, not yet failed over), an error
+    /// that names those slots: whatever reads or removes every key would
+    /// otherwise miss theirs and not know it.
     pub(crate) async fn masters(&self) -> Result<Vec<Option<Node>>, StoreError> {
         Ok(match &self.conn {
             Conn::Single(_) => vec![None],
-            Conn::Cluster(c) => masters(&cluster_nodes(c).await?, self.seed_host())
+            Conn::Cluster(c) => masters(&cluster_nodes(c).await?, self.seed_host())?
                 .into_iter()
                 .map(Some)
                 .collect(),
@@ -112,44 +115,104 @@ pub(crate) async fn cluster_nodes(c: &ClusterConnection) -> Result<String, Store
     redis::from_redis_value(reply).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
-/// The masters' addresses in `CLUSTER NODES` output.
-pub(crate) fn masters(nodes: &str, seed_host: &str) -> Vec<Node> {
-    cluster_masters(nodes, seed_host)
-        .into_iter()
-        .map(|(addr, _)| addr)
-        .collect()
+/// The masters' addresses in `CLUSTER NODES` output, when together they
+/// serve every slot; otherwise an error naming the slots without a master
+/// that is up, and the masters marked failing.
+pub(crate) fn masters(nodes: &str, seed_host: &str) -> Result<Vec<Node>, StoreError> {
+    let all = cluster_masters(nodes, seed_host);
+    let mut served = vec![false; SLOTS];
+    for m in all.iter().filter(|m| m.up) {
+        for r in &m.slots {
+            for slot in r.clone() {
+                if let Some(s) = served.get_mut(usize::from(slot)) {
+                    *s = true;
+                }
+            }
+        }
+    }
+    let uncovered = ranges(&served);
+    if uncovered.is_empty() {
+        return Ok(all.into_iter().filter(|m| m.up).map(|m| m.node).collect());
+    }
+    let failing: Vec<String> = all
+        .iter()
+        .filter(|m| !m.up)
+        .map(|m| format!("{}:{} is marked {}", m.node.0, m.node.1, m.flags))
+        .collect();
+    let why = if failing.is_empty() {
+        "no node serves them".to_owned()
+    } else {
+        failing.join(", ")
+    };
+    Err(StoreError::unavailable(format!(
+        "the Redis Cluster's slots {} have no master that is up ({why}): their keys cannot be \
+         read or removed, so nothing was; run again once a replica has taken over or the master \
+         is back (CLUSTER NODES shows each node's state)",
+        uncovered.join(", ")
+    )))
+}
+
+/// Redis Cluster's hash slots.
+const SLOTS: usize = 16384;
+
+/// The runs of slots `served` marks false, as `a-b` (or `a`).
+fn ranges(served: &[bool]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for (slot, &s) in served.iter().chain([&true]).enumerate() {
+        match (s, start) {
+            (false, None) => start = Some(slot),
+            (true, Some(a)) => {
+                out.push(if a + 1 == slot {
+                    a.to_string()
+                } else {
+                    format!("{a}-{}", slot - 1)
+                });
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 /// The address of the master serving `slot`, from `CLUSTER NODES` output.
 pub(crate) fn master_of(nodes: &str, slot: u16, seed_host: &str) -> Option<Node> {
     cluster_masters(nodes, seed_host)
         .into_iter()
-        .find(|(_, ranges)| ranges.iter().any(|r| r.contains(&slot)))
-        .map(|(addr, _)| addr)
+        .filter(|m| m.up)
+        .find(|m| m.slots.iter().any(|r| r.contains(&slot)))
+        .map(|m| m.node)
 }
 
 /// A node's host and port.
 pub(crate) type Node = (String, u16);
 
-/// A master's address and the slot ranges it serves.
-type MasterSlots = (Node, Vec<std::ops::RangeInclusive<u16>>);
+/// A master in `CLUSTER NODES` output.
+struct Master {
+    node: Node,
+    /// The slot ranges it serves (slots being moved, `[…]`, left out).
+    slots: Vec<std::ops::RangeInclusive<u16>>,
+    /// Not marked `fail?` or `fail`.
+    up: bool,
+    flags: String,
+}
 
-/// The masters that are up in `CLUSTER NODES` output, with the slots each
-/// serves (slots being moved, `[…]`, are left out). A node that has not
-/// learnt its own address (a cluster of one) is at `seed_host`.
-fn cluster_masters(nodes: &str, seed_host: &str) -> Vec<MasterSlots> {
+/// The masters in `CLUSTER NODES` output. A node that has not learnt its
+/// own address (a cluster of one) is at `seed_host`.
+fn cluster_masters(nodes: &str, seed_host: &str) -> Vec<Master> {
     nodes
         .lines()
         .filter_map(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
             let flags = fields.get(2)?;
-            if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
+            if !flags.split(',').any(|f| f == "master") {
                 return None;
             }
             let addr = fields.get(1)?.split('@').next()?;
             let (host, port) = addr.rsplit_once(':')?;
             let host = if host.is_empty() { seed_host } else { host };
-            let ranges = fields
+            let slots = fields
                 .iter()
                 .skip(8)
                 .filter_map(|r| {
@@ -157,7 +220,12 @@ fn cluster_masters(nodes: &str, seed_host: &str) -> Vec<MasterSlots> {
                     Some(a.parse().ok()?..=b.parse().ok()?)
                 })
                 .collect();
-            Some(((host.to_owned(), port.parse().ok()?), ranges))
+            Some(Master {
+                node: (host.to_owned(), port.parse().ok()?),
+                slots,
+                up: !flags.split(',').any(|f| f == "fail" || f == "fail?"),
+                flags: (*flags).to_owned(),
+            })
         })
         .collect()
 }
@@ -190,12 +258,31 @@ e5 127.0.0.1:7004@17004 master,fail - 0 0 5 disconnected 12000
         assert_eq!(master_of(nodes, 5461, "seed"), at(7001));
         assert_eq!(master_of(nodes, 10923, "seed"), at(7002));
         assert_eq!(master_of(nodes, 12000, "seed"), at(7002));
-        assert_eq!(masters(nodes, "seed").len(), 3);
+        assert_eq!(masters(nodes, "seed").unwrap().len(), 3);
         // A cluster of one does not know its own address.
         let alone = "a1 :7000@17000 myself,master - 0 0 0 connected 0-16383\n";
         assert_eq!(
             master_of(alone, 9000, "10.0.0.5"),
             Some(("10.0.0.5".to_owned(), 7000))
         );
+    }
+
+    /// Slots whose master is failing, or that no node serves, are named,
+    /// and no master is listed: a scan of the others would miss their keys.
+    #[test]
+    fn slots_without_a_master_that_is_up_are_named() {
+        let nodes = "\
+a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
+b2 127.0.0.1:7001@17001 master,fail? - 0 0 2 connected 5461-10922
+c3 127.0.0.1:7002@17002 master - 0 0 3 connected 10923-16382
+";
+        let e = masters(nodes, "seed").unwrap_err().to_string();
+        assert!(e.contains("slots 5461-10922, 16383 have"), "{e}");
+        assert!(e.contains("127.0.0.1:7001 is marked master,fail?"), "{e}");
+        assert_eq!(master_of(nodes, 6000, "seed"), None);
+        let healed = nodes
+            .replace("master,fail?", "master")
+            .replace("16382", "16383");
+        assert_eq!(masters(&healed, "seed").unwrap().len(), 3);
     }
 }

@@ -28,20 +28,7 @@ pub struct ConnectError {
 /// `redis:/⏎/user:secret@host` connects with the password, so it is hidden
 /// too.
 pub fn redacted(url: &str) -> String {
-    let url: String = url
-        .chars()
-        .filter(|c| !matches!(c, '\t' | '\n' | '\r'))
-        .collect();
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url;
-    };
-    let Some((credentials, host)) = rest.rsplit_once('@') else {
-        return url;
-    };
-    match credentials.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-        None => format!("{scheme}://***@{host}"),
-    }
+    idem_core::text::redacted_url(url)
 }
 
 /// A standalone Redis (reconnecting, multiplexed) or a Redis Cluster.

@@ -139,6 +139,43 @@ pub(crate) fn parse_record(v: &Value) -> Result<Option<Record>, StoreError> {
     }))
 }
 
+/// What a record's first [`COUNTED`] bytes say (`GETRANGE key 0 17`):
+/// enough to count it, no more.
+pub(crate) enum Counted {
+    /// A claim: when its lease ends and when it started.
+    InProgress { until: Timestamp, since: Timestamp },
+    /// A completed record: when its retention ends.
+    Completed { until: Timestamp },
+}
+
+/// The bytes of a record [`Counted`] reads: its state, flags and two times.
+pub(crate) const COUNTED: usize = 1 + 1 + 8 + 8;
+
+/// A record's state and times from the first [`COUNTED`] bytes of its
+/// value; `None` for no record or a released key's tombstone.
+pub(crate) fn parse_counted(v: &Value) -> Result<Option<Counted>, StoreError> {
+    let bytes = match v {
+        Value::Nil => return Ok(None),
+        Value::BulkString(b) if b.is_empty() => return Ok(None),
+        Value::BulkString(b) if b.len() >= COUNTED => &b[..],
+        _ => return Err(corrupt("the head of a record", v)),
+    };
+    let time = |at: usize| {
+        Timestamp::from_millis(u64::from_le_bytes(
+            bytes[at..at + 8].try_into().expect("8 bytes"),
+        ))
+    };
+    Ok(match bytes[0] {
+        b'p' => Some(Counted::InProgress {
+            until: time(2),
+            since: time(10),
+        }),
+        b'c' => Some(Counted::Completed { until: time(2) }),
+        b'r' => None,
+        _ => return Err(corrupt("the head of a record", v)),
+    })
+}
+
 /// The latest time (ms) written into a record: the scripts read times as
 /// signed 64-bit numbers, and a record's key expires 1 ms after its end.
 pub(crate) const LATEST_MS: u64 = i64::MAX as u64 - 1;

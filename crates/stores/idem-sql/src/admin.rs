@@ -4,6 +4,8 @@
 //! `purge`, and the tables' own size for `size`. Every statement binds the
 //! namespace; only validated table names are written into the text.
 
+use std::time::Duration;
+
 use futures_util::FutureExt as _;
 use futures_util::future::BoxFuture;
 use idem_core::admin::{Admin, Finding, NamespaceStats, Purge, Severity, StoreSize};
@@ -40,23 +42,20 @@ impl Admin for SqlStore {
         &'a self,
         namespace: &'a Namespace,
     ) -> BoxFuture<'a, Result<NamespaceStats, StoreError>> {
-        async move {
-            let inner = self.records();
-            let mut out = NamespaceStats::default();
-            for shard in 0..inner.tables.shards() {
-                let (live, abandoned, completed, expired, oldest) =
-                    retrying(|| stats(inner, shard, namespace)).await?;
-                out.in_progress += count(live);
-                out.abandoned += count(abandoned);
-                out.completed += count(completed);
-                out.expired += count(expired);
-                if let Some(o) = oldest.map(|o| Timestamp::from_millis(count(o))) {
-                    out.oldest_in_progress = Some(out.oldest_in_progress.map_or(o, |p| p.min(o)));
-                }
-            }
-            Ok(out)
-        }
-        .boxed()
+        counted(self, namespace, None).boxed()
+    }
+
+    /// Each count runs with a statement timeout of `within` on the server
+    /// (PostgreSQL's `statement_timeout` for its transaction, MariaDB's
+    /// `SET STATEMENT max_statement_time … FOR`, MySQL's
+    /// `MAX_EXECUTION_TIME` hint), so a caller who stops waiting leaves no
+    /// count running.
+    fn stats_within<'a>(
+        &'a self,
+        namespace: &'a Namespace,
+        within: Duration,
+    ) -> BoxFuture<'a, Result<NamespaceStats, StoreError>> {
+        counted(self, namespace, Some(within)).boxed()
     }
 
     fn size(&self) -> BoxFuture<'_, Result<Option<StoreSize>, StoreError>> {
@@ -111,6 +110,7 @@ impl Admin for SqlStore {
                         });
                     }
                 }
+                #[cfg(feature = "mysql")]
                 Db::MySql(my) => {
                     let flush: i64 = sqlx::query_scalar(
                         "SELECT CAST(@@innodb_flush_log_at_trx_commit AS SIGNED)",
@@ -165,11 +165,39 @@ impl Admin for SqlStore {
     }
 }
 
+/// A namespace's records, counted table by table, each count given up by
+/// the server after `within`.
+async fn counted(
+    store: &SqlStore,
+    namespace: &Namespace,
+    within: Option<Duration>,
+) -> Result<NamespaceStats, StoreError> {
+    let inner = store.records();
+    let mut out = NamespaceStats::default();
+    for shard in 0..inner.tables.shards() {
+        let (live, abandoned, completed, expired, oldest) =
+            retrying(|| stats(inner, shard, namespace, within)).await?;
+        out.in_progress += count(live);
+        out.abandoned += count(abandoned);
+        out.completed += count(completed);
+        out.expired += count(expired);
+        if let Some(o) = oldest.map(|o| Timestamp::from_millis(count(o))) {
+            out.oldest_in_progress = Some(out.oldest_in_progress.map_or(o, |p| p.min(o)));
+        }
+    }
+    Ok(out)
+}
+
 fn count(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
 }
 
-async fn stats(inner: &Inner, shard: u16, namespace: &Namespace) -> Result<Counts, StoreError> {
+async fn stats(
+    inner: &Inner,
+    shard: u16,
+    namespace: &Namespace,
+    within: Option<Duration>,
+) -> Result<Counts, StoreError> {
     let t = inner.tables.name(shard);
     let ns = namespace.as_str().as_bytes();
     let row = match &inner.db {
@@ -184,23 +212,52 @@ async fn stats(inner: &Inner, shard: u16, namespace: &Namespace) -> Result<Count
                   min(r.started_at) FILTER (WHERE r.state = 1 AND r.expires_at > c.now) AS oldest
                 FROM \"{t}\" r CROSS JOIN c WHERE r.ns = $1"
             );
-            sqlx::query_as::<_, Counts>(AssertSqlSafe(sql))
-                .bind(ns)
-                .fetch_one(&pg.pool)
-                .await
+            let query = sqlx::query_as::<_, Counts>(AssertSqlSafe(sql)).bind(ns);
+            match within {
+                None => query.fetch_one(&pg.pool).await,
+                Some(within) => {
+                    // The setting ends with the transaction, however it
+                    // ends (a dropped transaction rolls back).
+                    let mut tx = pg.pool.begin().await.map_err(crate::error::store)?;
+                    sqlx::query("SELECT set_config('statement_timeout', $1, true)")
+                        .bind(within.as_millis().max(1).to_string())
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(crate::error::store)?;
+                    let row = query.fetch_one(&mut *tx).await;
+                    tx.commit().await.map_err(crate::error::store)?;
+                    row
+                }
+            }
         }
+        #[cfg(feature = "mysql")]
         Db::MySql(my) => {
             let sum = |cond: &str| format!("CAST(COALESCE(SUM({cond}), 0) AS SIGNED)");
-            let sql = format!(
-                "SELECT {} AS live, {} AS abandoned, {} AS completed, {} AS expired,
-                  MIN(CASE WHEN r.state = 1 AND r.expires_at > c.now THEN r.started_at END) AS oldest
-                FROM `{t}` r CROSS JOIN (SELECT {} AS now) c WHERE r.ns = ?",
-                sum("r.state = 1 AND r.lease_until > c.now"),
-                sum("r.state = 1 AND r.lease_until <= c.now AND r.expires_at > c.now"),
-                sum("r.state = 2 AND r.expires_at > c.now"),
-                sum("r.state <> 0 AND r.expires_at <= c.now"),
-                crate::mysql::NOW,
-            );
+            let select = |hint: &str| {
+                format!(
+                    "SELECT {hint}{} AS live, {} AS abandoned, {} AS completed, {} AS expired,
+                      MIN(CASE WHEN r.state = 1 AND r.expires_at > c.now THEN r.started_at END) AS oldest
+                    FROM `{t}` r CROSS JOIN (SELECT {} AS now) c WHERE r.ns = ?",
+                    sum("r.state = 1 AND r.lease_until > c.now"),
+                    sum("r.state = 1 AND r.lease_until <= c.now AND r.expires_at > c.now"),
+                    sum("r.state = 2 AND r.expires_at > c.now"),
+                    sum("r.state <> 0 AND r.expires_at <= c.now"),
+                    crate::mysql::NOW,
+                )
+            };
+            let sql = match within {
+                None => select(""),
+                // Both bound the one statement, and no other.
+                Some(within) if mariadb(&my.pool).await? => format!(
+                    "SET STATEMENT max_statement_time = {:.3} FOR {}",
+                    within.as_secs_f64().max(0.001),
+                    select("")
+                ),
+                Some(within) => select(&format!(
+                    "/*+ MAX_EXECUTION_TIME({}) */ ",
+                    within.as_millis().max(1)
+                )),
+            };
             sqlx::query_as::<_, Counts>(AssertSqlSafe(sql))
                 .bind(ns)
                 .fetch_one(&my.pool)
@@ -208,6 +265,17 @@ async fn stats(inner: &Inner, shard: u16, namespace: &Namespace) -> Result<Count
         }
     };
     row.map_err(crate::error::store)
+}
+
+/// Whether the server is MariaDB (its statement timeout is
+/// `max_statement_time`; MySQL's is the `MAX_EXECUTION_TIME` hint).
+#[cfg(feature = "mysql")]
+async fn mariadb(pool: &sqlx::MySqlPool) -> Result<bool, StoreError> {
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(pool)
+        .await
+        .map_err(crate::error::store)?;
+    Ok(version.to_ascii_lowercase().contains("mariadb"))
 }
 
 async fn table_bytes(inner: &Inner, shard: u16) -> Result<i64, StoreError> {
@@ -219,6 +287,7 @@ async fn table_bytes(inner: &Inner, shard: u16) -> Result<i64, StoreError> {
                 .fetch_one(&pg.pool)
                 .await
         }
+        #[cfg(feature = "mysql")]
         Db::MySql(my) => {
             sqlx::query_scalar(
                 "SELECT CAST(COALESCE(SUM(data_length + index_length), 0) AS SIGNED)
@@ -267,22 +336,29 @@ async fn purge(
                 .await
                 .map(|d| d.rows_affected())
         }
-        Db::MySql(my) => {
-            let expired = match what {
-                Purge::Expired => format!(
-                    "AND expires_at <= {} ORDER BY expires_at",
-                    crate::mysql::NOW
-                ),
-                Purge::All => "ORDER BY k".into(),
-            };
-            let sql = format!("DELETE FROM `{t}` WHERE ns = ? {expired} LIMIT ?");
-            sqlx::query(AssertSqlSafe(sql))
-                .bind(ns)
-                .bind(PURGE_BATCH)
-                .execute(&my.pool)
-                .await
-                .map(|d| d.rows_affected())
-        }
+        #[cfg(feature = "mysql")]
+        Db::MySql(my) => sqlx::query(AssertSqlSafe(mysql_purge(&t.to_string(), what)))
+            .bind(ns)
+            .bind(PURGE_BATCH)
+            .execute(&my.pool)
+            .await
+            .map(|d| d.rows_affected()),
     };
     done.map_err(crate::error::store)
+}
+
+/// MySQL's and MariaDB's statement deleting a batch of table `t`'s rows of
+/// a namespace (bound first, then the batch's size): every row in key
+/// order, or those past their retention, earliest first, found through
+/// the expiry index.
+#[cfg(feature = "mysql")]
+pub(crate) fn mysql_purge(t: &str, what: Purge) -> String {
+    let filter = match what {
+        Purge::Expired => format!(
+            "AND expires_at <= {} ORDER BY expires_at",
+            crate::mysql::NOW
+        ),
+        Purge::All => "ORDER BY k".into(),
+    };
+    format!("DELETE FROM `{t}` WHERE ns = ? {filter} LIMIT ?")
 }

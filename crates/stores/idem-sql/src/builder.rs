@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use idem_core::coalesce::StoreBatches;
 use idem_core::{DEFAULT_ABANDONED_RETENTION, Limits};
+#[cfg(feature = "mysql")]
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::migrate::{self, Dialect, Migrated};
+#[cfg(feature = "mysql")]
 use crate::mysql::MySql;
 use crate::pg::Postgres;
 use crate::store::{Db, Inner, Records, SqlStore};
@@ -55,9 +57,9 @@ impl OpenError {
     /// connection failures get a message that says what to do.
     pub(crate) fn database(e: sqlx::Error) -> Self {
         if let sqlx::Error::Database(db) = &e {
-            let rights = match db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+            let rights = match crate::error::mysql_number(db.as_ref()) {
                 // ER_DBACCESS_DENIED, ER_TABLEACCESS_DENIED, ER_SPECIFIC_ACCESS_DENIED.
-                Some(my) => matches!(my.number(), 1044 | 1142 | 1227),
+                Some(n) => matches!(n, 1044 | 1142 | 1227),
                 // insufficient_privilege
                 None => db.code().as_deref() == Some("42501"),
             };
@@ -101,6 +103,7 @@ const IDEM_PARAMS: &[&str] = &["shards", "table", "pool_size", "lock_timeout"];
 /// unless set with [`SqlStoreBuilder::lock_timeout`].
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 
+#[cfg(feature = "mysql")]
 /// Bytes a MySQL statement needs beside the outcome it carries: the
 /// statement's text, the namespace and key (up to 1 024 bytes), the other
 /// values and the protocol's framing.
@@ -261,7 +264,10 @@ impl SqlStoreBuilder {
         let scheme = self.url.split_once("://").map_or("", |(s, _)| s);
         match scheme {
             "postgres" | "postgresql" => Ok(Dialect::Postgres),
+            #[cfg(feature = "mysql")]
             "mysql" | "mariadb" => Ok(Dialect::MySql),
+            #[cfg(not(feature = "mysql"))]
+            "mysql" | "mariadb" => Err(OpenError::Config(crate::error::no_mysql())),
             _ => Err(OpenError::Config(format!(
                 "{} is not an SQL store URL: use postgres://USER@HOST:PORT/DB or mysql://USER@HOST:PORT/DB",
                 redacted(&self.url)
@@ -289,9 +295,7 @@ impl SqlStoreBuilder {
         let reason = match &e {
             sqlx::Error::Database(db) => {
                 let code = db.code().unwrap_or_default().into_owned();
-                let number = db
-                    .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                    .map(|my| my.number());
+                let number = crate::error::mysql_number(db.as_ref());
                 match (code.as_str(), number) {
                     ("28P01" | "28000", _) | (_, Some(1045)) => format!(
                         "the server refused the login ({}); check the user and password",
@@ -335,6 +339,9 @@ impl SqlStoreBuilder {
                 let mut conn = pool.acquire().await.map_err(|e| self.connect_error(e))?;
                 migrate::run_pg(&mut conn, &tables, true).await
             }
+            #[cfg(not(feature = "mysql"))]
+            Dialect::MySql => Err(OpenError::Config(crate::error::no_mysql())),
+            #[cfg(feature = "mysql")]
             Dialect::MySql => {
                 let pool = self.mysql_pool(1).await?;
                 let mut conn = pool.acquire().await.map_err(|e| self.connect_error(e))?;
@@ -398,6 +405,7 @@ impl SqlStoreBuilder {
     }
 
     /// The MySQL driver's options for the URL and settings.
+    #[cfg(feature = "mysql")]
     fn mysql_options(&self) -> Result<MySqlConnectOptions, OpenError> {
         Ok(MySqlConnectOptions::from_str(&self.url)
             .map_err(|e| self.connect_error(e))?
@@ -410,6 +418,7 @@ impl SqlStoreBuilder {
             .timezone(Some("+00:00".to_owned())))
     }
 
+    #[cfg(feature = "mysql")]
     async fn mysql_pool(&self, size: u32) -> Result<sqlx::MySqlPool, OpenError> {
         let options = self.mysql_options()?;
         let lock_wait_secs = self.lock_timeout.as_secs_f64().ceil().max(1.0) as u64;
@@ -461,6 +470,9 @@ impl SqlStoreBuilder {
                 drop(conn);
                 Db::Postgres(Postgres::new(pool, &tables))
             }
+            #[cfg(not(feature = "mysql"))]
+            Dialect::MySql => return Err(OpenError::Config(crate::error::no_mysql())),
+            #[cfg(feature = "mysql")]
             Dialect::MySql => {
                 let pool = self.mysql_pool(self.pool_size).await?;
                 let mut conn = pool.acquire().await.map_err(|e| self.connect_error(e))?;
@@ -537,7 +549,10 @@ pub fn read_store_url(url: &str) -> Result<StoreUrl, OpenError> {
     let (dialect, tables) = builder.check()?;
     match dialect {
         Dialect::Postgres => drop(builder.pg_options()?),
+        #[cfg(feature = "mysql")]
         Dialect::MySql => drop(builder.mysql_options()?),
+        #[cfg(not(feature = "mysql"))]
+        Dialect::MySql => return Err(OpenError::Config(crate::error::no_mysql())),
     }
     Ok(StoreUrl {
         shown: redacted(&builder.url),
@@ -548,6 +563,7 @@ pub fn read_store_url(url: &str) -> Result<StoreUrl, OpenError> {
     })
 }
 
+#[cfg(feature = "mysql")]
 /// Refuses an outcome limit that a statement within the MySQL server's
 /// `max_allowed_packet` cannot carry: every `complete` of an outcome near
 /// the limit would fail, every time.
@@ -587,111 +603,10 @@ fn parse_duration(value: &str) -> Option<Duration> {
 /// password in `user:password@`, and query parameters that carry a secret
 /// (`password=`, `sslpassword=`, `sslkey=` and their spellings, also
 /// percent-encoded, as the drivers decode them). Use it wherever a store
-/// URL is shown: logs, errors, command output.
-///
-/// A password may hold unencoded `/`, `@`, `?` or `#`: everything before
-/// the last `@` ahead of the query is user information. Should a query
-/// value hold an `@` as well, more than the password is hidden, never less.
+/// URL is shown: logs, errors, command output. A user name without a
+/// password is shown ([`idem_core::text::redacted_url_keeping_user`]).
 pub fn redacted(url: &str) -> String {
-    // A URL mistyped without `//` is shown in the error that refuses it:
-    // it is read as the rest of one.
-    // So is a `://` that is no scheme's (inside a query value).
-    let (scheme, rest) = match url.split_once("://") {
-        Some((scheme, rest))
-            if !scheme.is_empty()
-                && scheme
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')) =>
-        {
-            (&url[..scheme.len() + 3], rest)
-        }
-        _ => ("", url),
-    };
-    // Where a secret may be, as byte ranges of `rest`; where a '?' comes
-    // before the '@', both readings count: a '?' in the password, and a
-    // query whose value holds an '@'.
-    let mut hidden = Vec::new();
-    // The user information ends at the last '@' before the first '?' that
-    // follows an '@'.
-    let query_after_at = match rest.find('@') {
-        Some(at) => rest[at..].find('?').map(|q| at + q),
-        None => None,
-    };
-    if let Some(at) = rest[..query_after_at.unwrap_or(rest.len())].rfind('@')
-        && let Some(colon) = rest[..at].find(':')
-    {
-        hidden.push((colon + 1, at));
-    }
-    // Every `name=value` pair after the first '?', as the drivers split
-    // them: at '&' only.
-    if let Some(q) = rest.find('?') {
-        let mut offset = q + 1;
-        for piece in rest[q + 1..].split_inclusive('&') {
-            let pair = piece.strip_suffix('&').unwrap_or(piece);
-            if let Some((name, _)) = pair.split_once('=')
-                && secret_param(&percent_decoded(name))
-            {
-                hidden.push((offset + name.len() + 1, offset + pair.len()));
-            }
-            offset += piece.len();
-        }
-    }
-    hidden.sort_unstable();
-    let mut out = scheme.to_owned();
-    let mut shown_to = 0;
-    for (from, to) in hidden {
-        if from < shown_to {
-            // Overlaps the range hidden last: hide up to the later end.
-            if to > shown_to {
-                shown_to = to;
-            }
-            continue;
-        }
-        out.push_str(&rest[shown_to..from]);
-        out.push_str("***");
-        shown_to = to;
-    }
-    out.push_str(&rest[shown_to..]);
-    out
-}
-
-/// `text` with its `%XX` escapes decoded, as the drivers read a query
-/// parameter's name.
-fn percent_decoded(text: &str) -> String {
-    let mut bytes = Vec::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find('%') {
-        bytes.extend_from_slice(&rest.as_bytes()[..at]);
-        match rest
-            .get(at + 1..at + 3)
-            .and_then(|hex| u8::from_str_radix(hex, 16).ok())
-        {
-            Some(byte) => {
-                bytes.push(byte);
-                rest = &rest[at + 3..];
-            }
-            None => {
-                bytes.push(b'%');
-                rest = &rest[at + 1..];
-            }
-        }
-    }
-    bytes.extend_from_slice(rest.as_bytes());
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
-/// Whether a URL query parameter named `name` carries a secret: a
-/// password in any spelling, or a client key.
-fn secret_param(name: &str) -> bool {
-    let name = name.to_ascii_lowercase().replace(['-', '_'], "");
-    name.contains("password")
-        || name.contains("passwd")
-        || name.contains("secret")
-        || name.contains("token")
-        || matches!(
-            name.as_str(),
-            "pass" | "pwd" | "sslkey" | "key" | "clientkey" | "sslclientkey"
-        )
+    idem_core::text::redacted_url_keeping_user(url)
 }
 
 #[cfg(test)]
@@ -809,7 +724,5 @@ mod tests {
             redacted("postgres://app@db/x?pass%77ord=s3cret&%73slkey=/k.pem"),
             "postgres://app@db/x?pass%77ord=***&%73slkey=***"
         );
-        assert_eq!(percent_decoded("a%2"), "a%2");
-        assert_eq!(percent_decoded("%zz%41"), "%zzA");
     }
 }

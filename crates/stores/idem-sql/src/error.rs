@@ -21,13 +21,37 @@ pub(crate) fn store(e: sqlx::Error) -> StoreError {
 )]
 pub(crate) struct LockTimeout(#[source] pub(crate) sqlx::Error);
 
+/// The MySQL or MariaDB error number of a database error; `None` for
+/// PostgreSQL's (and in a build without the `mysql` feature).
+pub(crate) fn mysql_number(db: &dyn sqlx::error::DatabaseError) -> Option<u16> {
+    #[cfg(feature = "mysql")]
+    {
+        db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(sqlx::mysql::MySqlDatabaseError::number)
+    }
+    #[cfg(not(feature = "mysql"))]
+    {
+        let _ = db;
+        None
+    }
+}
+
+/// Why a MySQL or MariaDB URL is refused by a build without the `mysql`
+/// feature.
+#[cfg(not(feature = "mysql"))]
+pub(crate) fn no_mysql() -> String {
+    "MySQL and MariaDB stores are not in this build: build with the `mysql` feature (the \
+     `idem` binary: `cargo build --release --features mysql`, or `--features full`)"
+        .to_owned()
+}
+
 /// MySQL's ER_LOCK_WAIT_TIMEOUT or PostgreSQL's lock_not_available.
 pub(crate) fn lock_timed_out(e: &sqlx::Error) -> bool {
     let sqlx::Error::Database(db) = e else {
         return false;
     };
-    match db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-        Some(my) => my.number() == 1205,
+    match mysql_number(db.as_ref()) {
+        Some(n) => n == 1205,
         None => db.code().as_deref() == Some("55P03"),
     }
 }
@@ -47,8 +71,8 @@ pub(crate) fn retryable(e: &StoreError) -> bool {
         return false;
     };
     // MySQL/MariaDB: ER_LOCK_DEADLOCK.
-    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-        return my.number() == 1213;
+    if let Some(n) = mysql_number(db.as_ref()) {
+        return n == 1213;
     }
     // PostgreSQL: serialization_failure, deadlock_detected.
     matches!(db.code().as_deref(), Some("40001" | "40P01"))

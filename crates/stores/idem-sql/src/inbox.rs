@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::Key;
-use sqlx::mysql::{MySqlConnection, MySqlDatabaseError};
+#[cfg(feature = "mysql")]
+use sqlx::mysql::MySqlConnection;
 use sqlx::postgres::PgConnection;
 use sqlx::{Acquire, AssertSqlSafe, Database};
 
@@ -81,6 +82,7 @@ pub struct Inbox {
     table: Ident,
     sweep_batch: u32,
     postgres: Statements,
+    #[cfg(feature = "mysql")]
     mysql: Statements,
 }
 
@@ -146,6 +148,7 @@ impl Inbox {
         };
         Ok(Self {
             postgres: statements(Dialect::Postgres),
+            #[cfg(feature = "mysql")]
             mysql: statements(Dialect::MySql),
             table,
             sweep_batch: DEFAULT_SWEEP_BATCH,
@@ -288,6 +291,7 @@ impl Inbox {
                     Claimed::Duplicate
                 })
             }
+            #[cfg(feature = "mysql")]
             Conn::MySql(c) => {
                 let done = sqlx::query(AssertSqlSafe(self.mysql.claim.clone()))
                     .bind(namespace)
@@ -345,6 +349,7 @@ impl Inbox {
                     .execute(c)
                     .await
                     .map(|r| r.rows_affected()),
+                #[cfg(feature = "mysql")]
                 Conn::MySql(c) => sqlx::query(AssertSqlSafe(self.mysql.sweep.clone()))
                     .bind(micros)
                     .bind(batch)
@@ -442,21 +447,25 @@ pub trait SqlConnection: Sealed + Send {
     fn dialect(&mut self) -> Dialect {
         match self.conn() {
             Conn::Postgres(_) => Dialect::Postgres,
+            #[cfg(feature = "mysql")]
             Conn::MySql(_) => Dialect::MySql,
         }
     }
 }
 
 impl SqlConnection for PgConnection {}
+#[cfg(feature = "mysql")]
 impl SqlConnection for MySqlConnection {}
 
 pub(crate) mod sealed {
+    #[cfg(feature = "mysql")]
     use sqlx::mysql::MySqlConnection;
     use sqlx::postgres::PgConnection;
 
     /// The concrete connection behind a [`SqlConnection`](super::SqlConnection).
     pub enum Conn<'a> {
         Postgres(&'a mut PgConnection),
+        #[cfg(feature = "mysql")]
         MySql(&'a mut MySqlConnection),
     }
 
@@ -470,6 +479,7 @@ pub(crate) mod sealed {
         }
     }
 
+    #[cfg(feature = "mysql")]
     impl Sealed for MySqlConnection {
         fn conn(&mut self) -> Conn<'_> {
             Conn::MySql(self)
@@ -485,6 +495,7 @@ pub(crate) async fn run_ddl<C: SqlConnection>(
     let sql = sqlx::raw_sql(AssertSqlSafe(statement));
     match conn.conn() {
         Conn::Postgres(c) => sql.execute(c).await.map(drop),
+        #[cfg(feature = "mysql")]
         Conn::MySql(c) => sql.execute(c).await.map(drop),
     }
 }
@@ -541,15 +552,14 @@ impl std::fmt::Display for Ident {
     }
 }
 
+#[cfg(feature = "mysql")]
 /// MySQL's duplicate-key error.
 const ER_DUP_ENTRY: u16 = 1062;
 /// MySQL's lock wait timeout (its SQLSTATE, HY000, says nothing).
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 
 fn mysql_error_number(e: &sqlx::Error) -> Option<u16> {
-    e.as_database_error()?
-        .try_downcast_ref::<MySqlDatabaseError>()
-        .map(MySqlDatabaseError::number)
+    crate::error::mysql_number(e.as_database_error()?)
 }
 
 /// What a database error means for the caller.

@@ -1,5 +1,7 @@
 //! idem's SQL store: the record (docs/contract.md §1–§2) in PostgreSQL or
-//! MySQL/MariaDB tables, optionally hash-sharded by key.
+//! MySQL/MariaDB tables, optionally hash-sharded by key. MySQL and MariaDB
+//! need the `mysql` feature (on by default; sqlx's MySQL driver): without
+//! it a `mysql://` URL is refused with a message that names the feature.
 //!
 //! ```no_run
 //! use idem_core::{Begin, Key, Lease, Store};
@@ -65,6 +67,7 @@ mod builder;
 mod error;
 mod inbox;
 mod migrate;
+#[cfg(feature = "mysql")]
 mod mysql;
 mod pg;
 mod row;
@@ -72,7 +75,9 @@ mod sole;
 mod store;
 mod sweep;
 mod table;
-#[cfg(test)]
+// The tests look at both databases: they need the `mysql` feature (on by
+// default).
+#[cfg(all(test, feature = "mysql"))]
 mod tests;
 mod tier;
 mod transition;

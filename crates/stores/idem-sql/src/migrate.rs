@@ -257,6 +257,7 @@ pub(crate) async fn run_pg(
 /// As [`run_pg`], on MySQL or MariaDB, whose schema changes commit as they
 /// go: each version's row is written after its statements, which are all
 /// `IF NOT EXISTS`, so a migration cut short is finished by the next run.
+#[cfg(feature = "mysql")]
 pub(crate) async fn run_mysql(
     conn: &mut sqlx::MySqlConnection,
     tables: &Tables,
@@ -283,6 +284,7 @@ pub(crate) async fn run_mysql(
     result
 }
 
+#[cfg(feature = "mysql")]
 async fn migrate_mysql_locked(
     conn: &mut sqlx::MySqlConnection,
     tables: &Tables,

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use idem_core::StoreError;
 use idem_core::tier::SoleFront;
-use sqlx::{MySqlConnection, PgConnection};
+#[cfg(feature = "mysql")]
+use sqlx::MySqlConnection;
+use sqlx::PgConnection;
 use tokio::sync::oneshot;
 
 use crate::error::store;
@@ -22,6 +24,7 @@ const WATCH_EVERY: Duration = Duration::from_secs(5);
 /// The connection that holds the lock.
 enum Held {
     Postgres(PgConnection),
+    #[cfg(feature = "mysql")]
     MySql(MySqlConnection),
 }
 
@@ -53,6 +56,7 @@ impl Inner {
                     .map_err(store)?;
                 (Held::Postgres(conn), taken)
             }
+            #[cfg(feature = "mysql")]
             Db::MySql(my) => {
                 let mut conn = my.pool.acquire().await.map_err(store)?.detach();
                 let taken: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
@@ -90,6 +94,7 @@ async fn watch(inner: Arc<Inner>, mut held: Held, mut stopped: oneshot::Receiver
         }
         let alive = match &mut held {
             Held::Postgres(c) => sqlx::query("SELECT 1").execute(c).await.is_ok(),
+            #[cfg(feature = "mysql")]
             Held::MySql(c) => sqlx::query("SELECT 1").execute(c).await.is_ok(),
         };
         if alive {

@@ -17,6 +17,7 @@ use idem_core::{
 
 use crate::builder::{ITEMS_PER_STATEMENT, SqlStoreBuilder};
 use crate::error::retryable;
+#[cfg(feature = "mysql")]
 use crate::mysql::MySql;
 use crate::pg::Postgres;
 use crate::sweep::Sweeper;
@@ -78,6 +79,7 @@ pub struct Records {
 
 pub(crate) enum Db {
     Postgres(Postgres),
+    #[cfg(feature = "mysql")]
     MySql(MySql),
 }
 
@@ -217,6 +219,7 @@ impl Db {
     fn statement_bytes(&self) -> usize {
         match self {
             Db::Postgres(_) => OUTCOME_BYTES_PER_STATEMENT,
+            #[cfg(feature = "mysql")]
             Db::MySql(my) => my.statement_bytes,
         }
     }
@@ -226,6 +229,7 @@ impl Db {
     fn begin_bytes(&self, key: &Key) -> usize {
         match self {
             Db::Postgres(_) => key_bytes(key),
+            #[cfg(feature = "mysql")]
             Db::MySql(_) => 4 * key_bytes(key) + 200,
         }
     }
@@ -316,6 +320,7 @@ impl Inner {
                         async move {
                             let answer = match &self.db {
                                 Db::Postgres(pg) => pg.begin(shard, &refs, self.abandoned_ms).await,
+                                #[cfg(feature = "mysql")]
                                 Db::MySql(my) => my.begin(shard, &refs, self.abandoned_ms).await,
                             };
                             (chunk, answer)
@@ -386,6 +391,7 @@ impl Inner {
                     let answer = retrying(|| async {
                         match &self.db {
                             Db::Postgres(pg) => pg.complete(shard, &refs).await,
+                            #[cfg(feature = "mysql")]
                             Db::MySql(my) => my.complete(shard, &refs).await,
                         }
                     })
@@ -441,6 +447,7 @@ impl Inner {
         retrying(|| async {
             match &self.db {
                 Db::Postgres(pg) => pg.forget(shard, key, token, what, self.tombstone_ms).await,
+                #[cfg(feature = "mysql")]
                 Db::MySql(my) => my.forget(shard, key, token, what, self.tombstone_ms).await,
             }
         })
@@ -454,6 +461,7 @@ impl Inner {
                 let n = retrying(|| async {
                     match &self.db {
                         Db::Postgres(pg) => pg.sweep(shard, self.sweep_batch).await,
+                        #[cfg(feature = "mysql")]
                         Db::MySql(my) => my.sweep(shard, self.sweep_batch).await,
                     }
                 })
@@ -521,6 +529,7 @@ impl Store for Records {
                     pg.extend(shard, key, token, lease, inner.abandoned_ms)
                         .await
                 }
+                #[cfg(feature = "mysql")]
                 Db::MySql(my) => {
                     my.extend(shard, key, token, lease, inner.abandoned_ms)
                         .await
@@ -535,6 +544,7 @@ impl Store for Records {
         retrying(|| async {
             match &self.inner.db {
                 Db::Postgres(pg) => pg.get(shard, key).await,
+                #[cfg(feature = "mysql")]
                 Db::MySql(my) => my.get(shard, key).await,
             }
         })
@@ -571,6 +581,7 @@ impl Store for Records {
             retrying(move || async move {
                 match &inner.db {
                     Db::Postgres(pg) => pg.scan(shard, query).await,
+                    #[cfg(feature = "mysql")]
                     Db::MySql(my) => my.scan(shard, query).await,
                 }
             })

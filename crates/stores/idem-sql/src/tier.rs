@@ -27,6 +27,7 @@ use idem_core::{FencingToken, Key, Namespace, StoreError, Timestamp};
 use sqlx::AssertSqlSafe;
 
 use crate::error::FloorAheadOfClock;
+#[cfg(feature = "mysql")]
 use crate::mysql::IMPORT_BINDS;
 use crate::row::{COMPLETED, token_in_range};
 use crate::store::{Db, Inner, SqlStore, in_row_order, key_bytes, retrying, rounds, statements};
@@ -43,6 +44,7 @@ const FLOOR_WAIT: Duration = Duration::from_secs(1);
 /// outcomes.
 const PG_IMPORT_BYTES: usize = 16 << 20;
 
+#[cfg(feature = "mysql")]
 /// Most placeholders in one MySQL statement.
 const MYSQL_PLACEHOLDERS: usize = 65_535;
 
@@ -56,6 +58,7 @@ macro_rules! on_either {
     ($db:expr, $side:ident => $body:expr) => {
         match $db {
             Db::Postgres($side) => $body,
+            #[cfg(feature = "mysql")]
             Db::MySql($side) => $body,
         }
     };
@@ -67,6 +70,7 @@ impl Db {
         match self {
             Db::Postgres(_) => (usize::MAX, PG_IMPORT_BYTES),
             // One placeholder is the upsert's clock.
+            #[cfg(feature = "mysql")]
             Db::MySql(my) => ((MYSQL_PLACEHOLDERS - 1) / IMPORT_BINDS, my.import_bytes),
         }
     }
@@ -216,6 +220,7 @@ impl Inner {
                 Db::Postgres(_) => {
                     format!("SELECT MAX(expires_at) FROM \"{table}\" WHERE state = {COMPLETED}")
                 }
+                #[cfg(feature = "mysql")]
                 Db::MySql(_) => {
                     format!("SELECT MAX(expires_at) FROM `{table}` WHERE state = {COMPLETED}")
                 }
@@ -272,6 +277,7 @@ impl Inner {
                        AND expires_at > floor(extract(epoch FROM clock_timestamp()) * 1000)::int8
                      ORDER BY completed_at, ns, k LIMIT $5"
                 ),
+                #[cfg(feature = "mysql")]
                 Db::MySql(_) => format!(
                     "SELECT ns, k, completed_at FROM `{table}`
                      WHERE state = {COMPLETED} AND completed_at >= ?

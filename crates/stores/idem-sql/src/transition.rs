@@ -11,9 +11,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 
+#[cfg(feature = "mysql")]
+use sqlx::MySql;
 use sqlx::encode::Encode;
 use sqlx::types::Type;
-use sqlx::{Acquire, AssertSqlSafe, Database, MySql, Postgres, Row};
+use sqlx::{Acquire, AssertSqlSafe, Database, Postgres, Row};
 
 use crate::inbox::sealed::Conn;
 use crate::inbox::{Fault, Ident, fault, run_ddl};
@@ -425,6 +427,7 @@ impl StatusColumn {
                 .map(|r| r.rows_affected()),
             // sqlx asks MySQL for rows matched (CLIENT_FOUND_ROWS), and
             // `from` differs from `to`: matched is changed.
+            #[cfg(feature = "mysql")]
             Conn::MySql(c) => sqlx::query(AssertSqlSafe(self.mysql.update.clone()))
                 .bind(to)
                 .bind(id)
@@ -453,6 +456,7 @@ impl StatusColumn {
                 .execute(c)
                 .await
                 .map(drop),
+            #[cfg(feature = "mysql")]
             Conn::MySql(c) => sqlx::query(AssertSqlSafe(self.mysql.log.clone()))
                 .bind(table)
                 .bind(id)
@@ -477,6 +481,7 @@ impl StatusColumn {
                 .fetch_optional(c)
                 .await
                 .and_then(|row| row.map(|r| r.try_get(0)).transpose()),
+            #[cfg(feature = "mysql")]
             Conn::MySql(c) => sqlx::query(AssertSqlSafe(self.mysql.read.clone()))
                 .bind(id)
                 .fetch_optional(c)
@@ -502,28 +507,33 @@ impl StatusColumn {
 
 /// An entity id [`StatusColumn::transition`] can bind on both databases
 /// and log as text: `i64`, `i32`, `&str`, `String`, and any type with
-/// sqlx's `Encode` and `Type` for PostgreSQL and MySQL and a `Display`.
+/// sqlx's `Encode` and `Type` for PostgreSQL and MySQL (with the `mysql`
+/// feature) and a `Display`.
 pub trait EntityId:
-    for<'q> Encode<'q, Postgres>
-    + Type<Postgres>
-    + for<'q> Encode<'q, MySql>
-    + Type<MySql>
-    + fmt::Display
-    + Send
-    + Sync
+    BindsOnMySql + for<'q> Encode<'q, Postgres> + Type<Postgres> + fmt::Display + Send + Sync
 {
 }
 
 impl<T> EntityId for T where
-    T: for<'q> Encode<'q, Postgres>
-        + Type<Postgres>
-        + for<'q> Encode<'q, MySql>
-        + Type<MySql>
-        + fmt::Display
-        + Send
-        + Sync
+    T: BindsOnMySql + for<'q> Encode<'q, Postgres> + Type<Postgres> + fmt::Display + Send + Sync
 {
 }
+
+/// A value sqlx binds on MySQL; every type, in a build without the
+/// `mysql` feature.
+#[cfg(feature = "mysql")]
+pub trait BindsOnMySql: for<'q> Encode<'q, MySql> + Type<MySql> {}
+
+#[cfg(feature = "mysql")]
+impl<T: for<'q> Encode<'q, MySql> + Type<MySql>> BindsOnMySql for T {}
+
+/// A value sqlx binds on MySQL; every type, in a build without the
+/// `mysql` feature.
+#[cfg(not(feature = "mysql"))]
+pub trait BindsOnMySql {}
+
+#[cfg(not(feature = "mysql"))]
+impl<T: ?Sized> BindsOnMySql for T {}
 
 /// A graph or table binding that [`Transitions::bind`] refuses.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -1,6 +1,8 @@
 //! A `begin_many` whose statement for one shard fails answers the error
 //! and releases the claims its other statements made: the caller has no
 //! tokens to complete them, so they must not block their keys for a lease.
+// Every test here reaches MySQL too (or shares its support code).
+#![cfg(feature = "mysql")]
 
 mod support;
 

@@ -1,5 +1,7 @@
 //! The SQL store passes the conformance kit on a real MySQL or MariaDB
 //! (`IDEM_TEST_MYSQL_URL`, default `mysql://root@127.0.0.1:3306/test`).
+// Every test here reaches MySQL too (or shares its support code).
+#![cfg(feature = "mysql")]
 
 mod support;
 

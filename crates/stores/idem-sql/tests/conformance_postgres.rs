@@ -1,5 +1,7 @@
 //! The SQL store passes the conformance kit on a real PostgreSQL
 //! (`IDEM_TEST_POSTGRES_URL`, default `postgres://postgres@127.0.0.1:5432/test`).
+// Every test here reaches MySQL too (or shares its support code).
+#![cfg(feature = "mysql")]
 
 mod support;
 

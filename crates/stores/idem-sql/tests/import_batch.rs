@@ -1,5 +1,7 @@
 //! A cold tier takes completed history in large batches: 10 000 records in
 //! one `import_many`, on PostgreSQL and on MySQL/MariaDB.
+// Every test here reaches MySQL too (or shares its support code).
+#![cfg(feature = "mysql")]
 
 mod support;
 

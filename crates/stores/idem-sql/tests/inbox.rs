@@ -5,6 +5,8 @@
 //!
 //! The business tables here have no unique key: a second write would show
 //! as a second row.
+// Every test here reaches MySQL too (or shares its support code).
+#![cfg(feature = "mysql")]
 
 mod servers;
 mod support;

@@ -3,6 +3,8 @@
 //! statements the server accepts. On MySQL an outcome travels as its
 //! bytes, so one over half the server's packet limit is stored too, and a
 //! limit the packet cannot carry is refused when the store opens.
+// Every test here reaches MySQL too (or shares its support code).
+#![cfg(feature = "mysql")]
 
 mod support;
 

@@ -2,6 +2,8 @@
 //! store's lock timeout, as unavailable and saying so, not wait as long
 //! as the holder (MySQL's default is 50 s, PostgreSQL's forever); and a
 //! call cancelled while it waits gives its connection back as soon.
+// Every test here reaches MySQL too (or shares its support code).
+#![cfg(feature = "mysql")]
 
 mod support;
 

@@ -1,6 +1,8 @@
 //! Connections the server drops (a restart, a failover, an administrator's
 //! kill) cost at most the calls that were on them: the pool opens new ones
 //! and the records are intact.
+// Every test here reaches MySQL too (or shares its support code).
+#![cfg(feature = "mysql")]
 
 mod support;
 

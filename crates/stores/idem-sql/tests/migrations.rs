@@ -1,6 +1,8 @@
 //! Versioned migrations: applied once however many stores open together,
 //! checked when asked not to apply, and refused for a different shard
 //! count or a newer schema.
+// Every test here reaches MySQL too (or shares its support code).
+#![cfg(feature = "mysql")]
 
 mod support;
 

@@ -15,6 +15,8 @@
 //! run again with new keys, a few times; the naive pattern must have
 //! duplicated some effect across the rounds, and idem never. Tables are
 //! named per run and dropped at the end.
+// Every test here reaches MySQL too (or shares its support code).
+#![cfg(feature = "mysql")]
 
 mod support;
 

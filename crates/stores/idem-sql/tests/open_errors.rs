@@ -1,6 +1,8 @@
 //! Opening a store: TLS where the URL asks for it, and a clear error when
 //! the database is unreachable, unknown, refuses the login, or the user
 //! lacks rights. Passwords never appear in errors.
+// Every test here reaches MySQL too (or shares its support code).
+#![cfg(feature = "mysql")]
 
 mod support;
 

@@ -1,5 +1,7 @@
 //! Hash sharding: each key lives in the table its stable hash names, keys
 //! spread over every table, and operations find them there.
+// Every test here reaches MySQL too (or shares its support code).
+#![cfg(feature = "mysql")]
 
 mod support;
 

@@ -1,5 +1,6 @@
 //! Opening stores on the test databases.
-
+// Every test here reaches MySQL too (or shares its support code).
+#![cfg(feature = "mysql")]
 #![allow(dead_code)]
 
 use std::time::Duration;

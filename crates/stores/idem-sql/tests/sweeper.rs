@@ -1,5 +1,7 @@
 //! The sweeper deletes expired rows in bounded batches, never a live
 //! record, and tokens keep increasing over what it deleted.
+// Every test here reaches MySQL too (or shares its support code).
+#![cfg(feature = "mysql")]
 
 mod support;
 

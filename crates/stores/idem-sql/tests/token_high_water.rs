@@ -1,6 +1,8 @@
 //! The token high-water mark survives reopening the store, and a floor
 //! the database's clock does not pass within a second is refused, saying
 //! why.
+// Every test here reaches MySQL too (or shares its support code).
+#![cfg(feature = "mysql")]
 
 mod support;
 

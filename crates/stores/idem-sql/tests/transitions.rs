@@ -2,6 +2,8 @@
 //! moves only along declared edges, each move is applied once however many
 //! times (and however concurrently) it is asked for, and its log row commits
 //! or rolls back with it.
+// Every test here reaches MySQL too (or shares its support code).
+#![cfg(feature = "mysql")]
 
 mod servers;
 mod support;

@@ -358,11 +358,26 @@ function render(data) {
 
 // Asks for the status and draws it, unless the namespace was changed
 // while the answer was on its way.
+// With auth on, the server asks for a bearer token: it is kept for this
+// tab only (sessionStorage), and sent with each request for the status.
+const TOKEN_KEY = "idem-status-token";
+
 async function refresh() {
   const namespace = state.namespace;
   const query = namespace ? "?namespace=" + encodeURIComponent(namespace) : "";
-  const response = await fetch("/status.json" + query, { cache: "no-store" });
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  const headers = token ? { Authorization: "Bearer " + token } : {};
+  const response = await fetch("/status.json" + query, { cache: "no-store", headers });
+  // Asked with a token since given up: a newer request answers.
+  if (sessionStorage.getItem(TOKEN_KEY) !== token) return;
+  const form = $("token-form");
+  if (response.status === 401 || response.status === 403) {
+    form.hidden = false;
+    $("token-refused").textContent = token ? "That token was refused (HTTP " + response.status + ")." : "";
+    return;
+  }
   if (!response.ok) throw new Error("HTTP " + response.status);
+  form.hidden = true;
   const data = await response.json();
   if (namespace === state.namespace) render(data);
 }
@@ -381,6 +396,12 @@ async function poll() {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  $("token-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    sessionStorage.setItem(TOKEN_KEY, $("token").value.trim());
+    $("token").value = "";
+    refresh().catch(() => {});
+  });
   $("namespace").addEventListener("change", (event) => {
     state.namespace = event.target.value;
     // Asked at once rather than at the next tick; the loop reports failures.

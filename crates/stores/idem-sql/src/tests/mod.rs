@@ -1,6 +1,7 @@
 //! Tests that look inside the store: the plans of its statements and the
 //! settings of its sessions, on the test databases.
 
+mod admin;
 mod plans;
 mod sessions;
 

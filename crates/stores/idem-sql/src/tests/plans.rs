@@ -472,16 +472,16 @@ async fn mysql_tier_statements_walk_the_primary_key() {
 
 /// One row of MariaDB's `EXPLAIN`.
 #[derive(Debug)]
-struct PlanRow {
-    table: Option<String>,
-    access: String,
-    key: Option<String>,
-    rows: Option<u64>,
-    extra: String,
+pub(super) struct PlanRow {
+    pub(super) table: Option<String>,
+    pub(super) access: String,
+    pub(super) key: Option<String>,
+    pub(super) rows: Option<u64>,
+    pub(super) extra: String,
 }
 
 impl PlanRow {
-    fn of(row: &sqlx::mysql::MySqlRow) -> Self {
+    pub(super) fn of(row: &sqlx::mysql::MySqlRow) -> Self {
         Self {
             table: row.try_get("table").unwrap(),
             access: row

@@ -10,6 +10,11 @@
 // or 429 to have it retried (Retry-After is honoured). The write here is
 // fenced: refused (409, retried) when a higher token was already written
 // for the key.
+//
+// With idem consume --batch N a request carries Idem-Batch: COUNT and a
+// JSON array of messages, each {key, token, attempt, headers, body}; the
+// answer is {"results": [{key, status, outcome}]}, one result per message,
+// each settled by its own status.
 package main
 
 import (
@@ -22,14 +27,61 @@ import (
 	"sync"
 )
 
+// batchItem is one message of a batch.
+type batchItem struct {
+	Key   string          `json:"key"`
+	Token uint64          `json:"token"`
+	Body  json.RawMessage `json:"body"`
+}
+
 func main() {
 	port, path := os.Args[1], os.Args[2]
 	var mu sync.Mutex
 	highest := map[string]uint64{}
+	// apply is the fenced write: 200 when done, 409 when a later holder
+	// wrote, 503 when the file cannot be written.
+	apply := func(key string, token uint64, body any) int {
+		mu.Lock()
+		defer mu.Unlock()
+		if highest[key] > token {
+			return http.StatusConflict
+		}
+		line, _ := json.Marshal(map[string]any{"key": key, "token": token, "body": body})
+		f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			return http.StatusServiceUnavailable
+		}
+		_, err = f.Write(append(line, '\n'))
+		f.Close()
+		if err != nil {
+			return http.StatusServiceUnavailable
+		}
+		highest[key] = token
+		return http.StatusOK
+	}
 	http.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(r.Body)
 		if err != nil {
 			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("content-type", "application/json")
+		if r.Header.Get("Idem-Batch") != "" {
+			var items []batchItem
+			if err := json.Unmarshal(body, &items); err != nil {
+				w.WriteHeader(http.StatusBadRequest)
+				return
+			}
+			results := make([]map[string]any, 0, len(items))
+			for _, item := range items {
+				results = append(results, map[string]any{
+					"key":     item.Key,
+					"status":  apply(item.Key, item.Token, item.Body),
+					"outcome": map[string]string{"handled": item.Key},
+				})
+			}
+			answer, _ := json.Marshal(map[string]any{"results": results})
+			w.Write(answer)
 			return
 		}
 		key := r.Header.Get("Idempotency-Key")
@@ -38,26 +90,8 @@ func main() {
 			w.WriteHeader(http.StatusBadRequest)
 			return
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		if highest[key] > token {
-			w.WriteHeader(http.StatusConflict)
-			return
-		}
-		highest[key] = token
-		line, _ := json.Marshal(map[string]any{"key": key, "token": token, "body": string(body)})
-		f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
-		if err != nil {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			return
-		}
-		_, err = f.Write(append(line, '\n'))
-		f.Close()
-		if err != nil {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			return
-		}
-		w.Header().Set("content-type", "application/json")
+		status := apply(key, token, string(body))
+		w.WriteHeader(status)
 		answer, _ := json.Marshal(map[string]string{"handled": key})
 		w.Write(answer)
 	})
