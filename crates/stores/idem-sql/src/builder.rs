@@ -11,6 +11,7 @@ use idem_core::{DEFAULT_ABANDONED_RETENTION, Limits};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+use crate::idle;
 use crate::migrate::{self, Dialect, Migrated};
 #[cfg(feature = "mysql")]
 use crate::mysql::MySql;
@@ -395,9 +396,10 @@ impl SqlStoreBuilder {
             .max_connections(size)
             // sqlx checks a connection as it goes back to the pool; a
             // second check on the way out would cost every call a round
-            // trip. A connection that broke while idle (a server restart)
-            // fails one call, as unavailable.
+            // trip. Only a connection that may have broken while idle (a
+            // server restart) is checked: crate::idle.
             .test_before_acquire(false)
+            .before_acquire(idle::check)
             .acquire_timeout(self.timeout)
             .connect_with(options)
             .await
@@ -427,9 +429,10 @@ impl SqlStoreBuilder {
             .max_connections(size)
             // sqlx checks a connection as it goes back to the pool; a
             // second check on the way out would cost every call a round
-            // trip. A connection that broke while idle (a server restart)
-            // fails one call, as unavailable.
+            // trip. Only a connection that may have broken while idle (a
+            // server restart) is checked: crate::idle.
             .test_before_acquire(false)
+            .before_acquire(idle::check)
             .acquire_timeout(self.timeout)
             // The upserts need MySQL's left-to-right assignments, which
             // MariaDB's SIMULTANEOUS_ASSIGNMENT mode would turn off; each

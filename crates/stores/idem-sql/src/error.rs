@@ -6,6 +6,7 @@ use idem_core::StoreError;
 /// now (the server is down, a connection broke, the pool is exhausted, a
 /// row stayed locked past the lock timeout).
 pub(crate) fn store(e: sqlx::Error) -> StoreError {
+    crate::idle::note(&e);
     if lock_timed_out(&e) {
         return StoreError::unavailable(LockTimeout(e));
     }

@@ -65,6 +65,7 @@
 mod admin;
 mod builder;
 mod error;
+mod idle;
 mod inbox;
 mod migrate;
 #[cfg(feature = "mysql")]
