@@ -316,7 +316,7 @@ impl PerKey for BeginItem {
         Some(match answer {
             // A store that failed on the key fails its copies alike: an
             // outage would fail them one by one, each after the last.
-            Err(e) => Err(copy(e)),
+            Err(e) => Err(e.copied()),
             // The earlier copy holds a lease that has just begun.
             Ok(Begin::Acquired(_)) if differs(earlier.fingerprint, self.fingerprint) => {
                 Ok(Begin::Mismatch)
@@ -353,7 +353,7 @@ impl PerKey for CompleteItem {
     ) -> Option<Result<Fenced, StoreError>> {
         let same_token = self.token == earlier.token;
         Some(match answer {
-            Err(e) => Err(copy(e)),
+            Err(e) => Err(e.copied()),
             // Completed by the earlier token: a retry by it is `Ok` again,
             // any other token is stale.
             Ok(Fenced::Ok(())) if same_token => Ok(Fenced::Ok(())),
@@ -428,16 +428,6 @@ async fn once_per_key<S: Batched, I: PerKey>(
         .collect()
 }
 
-/// The same error again, for a copy of the item that got it.
-fn copy(e: &StoreError) -> StoreError {
-    match e {
-        StoreError::Invalid(e) => StoreError::Invalid(e.clone()),
-        StoreError::CapacityExceeded { limit } => StoreError::CapacityExceeded { limit: *limit },
-        StoreError::Unavailable(e) => StoreError::unavailable(e.to_string()),
-        StoreError::Corrupt(what) => StoreError::Corrupt(what.clone()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::fmt;
@@ -496,7 +486,7 @@ mod tests {
             for i in items {
                 out.push(match &up {
                     Ok(()) => self.memory.begin(&i.key, i.fingerprint, i.lease).await,
-                    Err(e) => Err(copy(e)),
+                    Err(e) => Err(e.copied()),
                 });
             }
             out
@@ -512,7 +502,7 @@ mod tests {
                             .complete(&i.key, i.token, i.outcome.clone(), i.retention)
                             .await
                     }
-                    Err(e) => Err(copy(e)),
+                    Err(e) => Err(e.copied()),
                 });
             }
             out

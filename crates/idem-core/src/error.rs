@@ -36,11 +36,48 @@ impl StoreError {
         StoreError::Unavailable(e.into())
     }
 
+    /// The same error for another caller that met the same failure (each
+    /// item of a batch that failed as a whole). An unavailable store's
+    /// cause is copied as its message.
+    pub fn copied(&self) -> StoreError {
+        match self {
+            StoreError::Invalid(e) => StoreError::Invalid(e.clone()),
+            StoreError::CapacityExceeded { limit } => {
+                StoreError::CapacityExceeded { limit: *limit }
+            }
+            StoreError::Unavailable(e) => StoreError::unavailable(e.to_string()),
+            StoreError::Corrupt(what) => StoreError::Corrupt(what.clone()),
+        }
+    }
+
     /// Whether retrying later may succeed (the store was down or busy).
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
             StoreError::Unavailable(_) | StoreError::CapacityExceeded { .. }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copied_error_says_what_the_first_said_once() {
+        let first = StoreError::unavailable("connection reset");
+        let copy = first.copied();
+        assert_eq!(copy.to_string(), first.to_string());
+        assert_eq!(
+            copy.to_string(),
+            "the store is unavailable: connection reset"
+        );
+        assert!(copy.is_transient());
+        let full = StoreError::CapacityExceeded { limit: 3 };
+        assert_eq!(full.copied().to_string(), full.to_string());
+        assert!(matches!(
+            StoreError::Corrupt("x".into()).copied(),
+            StoreError::Corrupt(m) if m == "x"
+        ));
     }
 }

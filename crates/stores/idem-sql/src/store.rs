@@ -168,14 +168,6 @@ where
     }
 }
 
-/// A copy of `e` for each item a failed statement carried.
-fn copy(e: &StoreError) -> StoreError {
-    match e {
-        StoreError::Corrupt(m) => StoreError::Corrupt(m.clone()),
-        other => StoreError::unavailable(other.to_string()),
-    }
-}
-
 /// Most bytes of values one batch statement carries, so that a batch of
 /// large outcomes goes as several statements: a MySQL server refuses a
 /// statement over its `max_allowed_packet` (4 MiB in old defaults, 16 MiB
@@ -342,7 +334,7 @@ impl Inner {
                         Err(e) if retryable(&e) => pending.extend(chunk),
                         Err(e) => {
                             for i in chunk {
-                                answers[i] = Some(Err(copy(&e)));
+                                answers[i] = Some(Err(e.copied()));
                             }
                         }
                     }
@@ -409,7 +401,7 @@ impl Inner {
                     }
                     Err(e) => {
                         for i in chunk {
-                            answers[i] = Some(Err(copy(&e)));
+                            answers[i] = Some(Err(e.copied()));
                         }
                     }
                 }
